@@ -1,0 +1,51 @@
+#pragma once
+// The engine-side semantics of weight synchronization, as vLLM's EngineCore and its workers
+// implement them (engine-protocol.md section 5), without any sockets: a UTILITY method name and
+// its msgpack args in, a msgpack value or a failure message out. ReferenceEngine puts this
+// behind the wire protocol; unit tests drive it directly.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <tl/expected.hpp>
+#include <vector>
+
+namespace vllmd::engine {
+
+enum class Backend { kNccl, kIpc, kNone };
+std::string_view backend_name(Backend backend);  // "nccl", "ipc", "none"
+bool parse_backend(std::string_view text, Backend& backend);
+
+// One TP worker's weight-transfer state.
+struct WorkerState {
+  bool initialized = false;     // init_weight_transfer_engine succeeded
+  bool update_active = false;   // between start_weight_update and finish_weight_update
+  bool draft = false;           // the active session is a draft-model session
+  std::uint64_t updates_in_session = 0;
+  std::uint64_t sessions_finished = 0;
+  std::uint64_t tensors_received = 0;  // names seen by update_weights, over all sessions
+};
+
+class ReferenceCore {
+ public:
+  ReferenceCore(int dp_rank, int tensor_parallel_size, Backend backend);
+
+  // Runs one engine-core method. The value is msgpack (nil for a Python None; a list with
+  // one entry per TP worker for collective_rpc). The error is the exception text only; the
+  // caller wraps it as "Call to <method> method failed: <error>".
+  tl::expected<std::string, std::string> call(std::string_view method,
+                                               std::string_view args_msgpack);
+
+  const std::vector<WorkerState>& workers() const { return workers_; }
+  const std::string& weight_version() const { return weight_version_; }
+  bool paused() const { return paused_; }
+
+ private:
+  int dp_rank_;
+  Backend backend_;
+  std::vector<WorkerState> workers_;
+  std::string weight_version_ = "default";
+  bool paused_ = false;
+};
+
+}  // namespace vllmd::engine

@@ -1,0 +1,85 @@
+#pragma once
+// The reference engine: the engine side of the wire protocol around ReferenceCore. It
+// connects to a frontend's handshake address exactly as a headless `vllm serve` does (HELLO,
+// INIT, registration map, READY) and then serves UTILITY calls one at a time, like vLLM's
+// engine-core busy loop (a blocked call blocks the ones behind it).
+//
+// Runs on its own thread; vllmd embeds one in-process, tests and `vllm-ref-engine` run it as a
+// separate process. Fault injection (off by default) lets tests provoke every failure mode.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "common/engine/reference_core.hpp"
+
+namespace vllmd::engine {
+
+// Faults are keyed by method name: an engine-core method ("get_weight_version") or a worker
+// method reached through collective_rpc ("update_weights").
+struct Faults {
+  std::set<std::string> fail;                                // reply with a failure
+  std::map<std::string, std::chrono::milliseconds> delay;    // block the engine first
+  std::set<std::string> exit_silently;                       // exit without replying
+  std::set<std::string> send_dead;                           // send ENGINE_CORE_DEAD, then exit
+  int reply_fields = 5;             // EngineCoreOutputs length; 8 is the other form in the wild
+  bool empty_registration = false;  // behave like an older engine
+  bool ready_before_registration = false;
+};
+
+// One UTILITY call as the engine received it, for tests and --record.
+struct ReceivedCall {
+  std::string method;
+  std::string args_msgpack;  // exactly the bytes on the wire
+  std::string worker_method;  // for collective_rpc, else empty
+};
+
+struct ReferenceEngineOptions {
+  std::string handshake_address;  // tcp://host:port or ipc:///path
+  int rank = 0;                   // DP rank; identity = rank as 2 little-endian bytes
+  int tensor_parallel_size = 1;
+  int data_parallel_size = 1;
+  Backend backend = Backend::kNccl;
+  std::string vllm_version = "0.0.0+reference";
+  Faults faults;
+  std::function<void(const ReceivedCall&)> on_call;  // called before the call is handled
+  // What "exit" means for exit_silently/send_dead: the standalone binary passes a function
+  // that ends the process; by default the engine thread closes its sockets and stops.
+  std::function<void()> on_fault_exit;
+  std::chrono::milliseconds init_timeout{std::chrono::minutes(5)};
+};
+
+class ReferenceEngine {
+ public:
+  explicit ReferenceEngine(ReferenceEngineOptions options);
+  ~ReferenceEngine();  // stop() and join
+  ReferenceEngine(const ReferenceEngine&) = delete;
+  ReferenceEngine& operator=(const ReferenceEngine&) = delete;
+
+  void start();      // spawns the engine thread
+  void stop();       // asks the thread to end (also interrupts injected delays) and joins it
+  void wait();       // joins without asking it to end
+  bool running() const { return running_.load(); }
+  // Empty while running or after a clean stop; the reason when the thread ended on an error.
+  std::string error() const;
+
+ private:
+  void run();
+  bool sleep_unless_stopped(std::chrono::milliseconds duration);
+
+  ReferenceEngineOptions options_;
+  std::thread thread_;
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> running_{false};
+  mutable std::mutex mutex_;
+  std::condition_variable stop_signal_;
+  std::string error_;
+};
+
+}  // namespace vllmd::engine

@@ -1,0 +1,67 @@
+#include "common/util/log.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <mutex>
+
+namespace vllmd::log {
+
+namespace {
+std::atomic<Level> current_level{Level::kInfo};
+std::mutex write_mutex;
+std::string component = "vllmd";
+const bool under_journald = std::getenv("JOURNAL_STREAM") != nullptr;
+
+constexpr const char* kNames[] = {"trace", "debug", "info", "notice", "warning", "error", "critical"};
+// syslog priorities: debug=7 info=6 notice=5 warning=4 err=3 crit=2
+constexpr int kPriorities[] = {7, 7, 6, 5, 4, 3, 2};
+}  // namespace
+
+void set_level(Level level) { current_level.store(level); }
+Level level() { return current_level.load(); }
+bool enabled(Level level) { return level >= current_level.load(std::memory_order_relaxed); }
+
+bool parse_level(std::string_view text, Level& level) {
+  for (int i = 0; i < 7; ++i) {
+    if (text == kNames[i]) {
+      level = static_cast<Level>(i);
+      return true;
+    }
+  }
+  if (text == "warn") level = Level::kWarning;
+  else if (text == "fatal") level = Level::kCritical;
+  else return false;
+  return true;
+}
+
+void set_component(std::string_view name) {
+  std::lock_guard lock(write_mutex);
+  component = std::string(name);
+}
+
+void write(Level level, std::string_view message) {
+  const int index = static_cast<int>(level);
+  std::lock_guard lock(write_mutex);
+  if (under_journald) {
+    std::fprintf(stderr, "<%d>%.*s\n", kPriorities[index], static_cast<int>(message.size()),
+                 message.data());
+  } else {
+    const auto now = std::chrono::system_clock::now();
+    const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+    const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            now.time_since_epoch()).count() % 1000;
+    std::tm utc{};
+    gmtime_r(&seconds, &utc);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &utc);
+    std::fprintf(stderr, "%s.%03dZ %s %s: %.*s\n", stamp, static_cast<int>(millis),
+                 component.c_str(), kNames[index], static_cast<int>(message.size()),
+                 message.data());
+  }
+  std::fflush(stderr);
+}
+
+}  // namespace vllmd::log

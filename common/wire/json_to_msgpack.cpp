@@ -1,0 +1,507 @@
+#include "common/wire/json_to_msgpack.hpp"
+
+#include <charconv>
+#include <cstring>
+#include <limits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace vllmd::wire {
+
+std::string_view kind_name(JsonKind kind) {
+  switch (kind) {
+    case JsonKind::kNull: return "null";
+    case JsonKind::kBool: return "boolean";
+    case JsonKind::kInteger: return "integer";
+    case JsonKind::kFloat: return "number";
+    case JsonKind::kString: return "string";
+    case JsonKind::kArray: return "array";
+    case JsonKind::kObject: return "object";
+  }
+  return "value";
+}
+
+std::string JsonError::describe() const { return message + " at byte " + std::to_string(offset); }
+
+const TopLevelMember* Transcoded::find(std::string_view key) const {
+  const TopLevelMember* found = nullptr;
+  for (const TopLevelMember& member : members) {
+    if (member.key == key) found = &member;
+  }
+  return found;
+}
+
+namespace {
+
+constexpr std::size_t kSlot = 5;  // widest container header: 0xdd/0xdf + 32-bit count
+
+struct Failure {
+  std::size_t offset;
+  const char* message;
+};
+
+// Unused leading bytes of a container's reserved header slot, removed by the final sweep.
+struct Gap {
+  std::size_t pos;
+  std::size_t size;
+};
+
+void store_be(char* out, std::uint64_t value, int bytes) {
+  for (int i = bytes - 1; i >= 0; --i) {
+    out[i] = static_cast<char>(value & 0xff);
+    value >>= 8;
+  }
+}
+
+// Writes a header (type byte + big-endian length) and returns its size.
+int write_header(char* out, std::uint8_t type, std::uint64_t value, int bytes) {
+  out[0] = static_cast<char>(type);
+  store_be(out + 1, value, bytes);
+  return 1 + bytes;
+}
+
+int str_header_size(std::size_t length) {
+  if (length < 32) return 1;
+  if (length < 0x100) return 2;
+  if (length < 0x10000) return 3;
+  return 5;
+}
+
+int write_str_header(char* out, std::size_t length) {
+  if (length < 32) {
+    out[0] = static_cast<char>(0xa0 | length);
+    return 1;
+  }
+  if (length < 0x100) return write_header(out, 0xd9, length, 1);
+  if (length < 0x10000) return write_header(out, 0xda, length, 2);
+  return write_header(out, 0xdb, length, 4);
+}
+
+int write_container_header(char* out, bool map, std::size_t count) {
+  if (count < 16) {
+    out[0] = static_cast<char>((map ? 0x80 : 0x90) | count);
+    return 1;
+  }
+  if (count < 0x10000) return write_header(out, map ? 0xde : 0xdc, count, 2);
+  return write_header(out, map ? 0xdf : 0xdd, count, 4);
+}
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Length of the valid UTF-8 sequence starting at s (first byte >= 0x80), or 0.
+std::size_t utf8_sequence(const unsigned char* s, const unsigned char* end) {
+  auto cont = [&](std::size_t i, unsigned char lo = 0x80, unsigned char hi = 0xbf) {
+    return s + i < end && s[i] >= lo && s[i] <= hi;
+  };
+  const unsigned char c = s[0];
+  if (c >= 0xc2 && c <= 0xdf) return cont(1) ? 2 : 0;
+  if (c == 0xe0) return cont(1, 0xa0) && cont(2) ? 3 : 0;
+  if ((c >= 0xe1 && c <= 0xec) || c == 0xee || c == 0xef) return cont(1) && cont(2) ? 3 : 0;
+  if (c == 0xed) return cont(1, 0x80, 0x9f) && cont(2) ? 3 : 0;
+  if (c == 0xf0) return cont(1, 0x90) && cont(2) && cont(3) ? 4 : 0;
+  if (c >= 0xf1 && c <= 0xf3) return cont(1) && cont(2) && cont(3) ? 4 : 0;
+  if (c == 0xf4) return cont(1, 0x80, 0x8f) && cont(2) && cont(3) ? 4 : 0;
+  return 0;
+}
+
+char* put_utf8(char* out, std::uint32_t code) {
+  if (code < 0x80) {
+    *out++ = static_cast<char>(code);
+  } else if (code < 0x800) {
+    *out++ = static_cast<char>(0xc0 | (code >> 6));
+    *out++ = static_cast<char>(0x80 | (code & 0x3f));
+  } else if (code < 0x10000) {
+    *out++ = static_cast<char>(0xe0 | (code >> 12));
+    *out++ = static_cast<char>(0x80 | ((code >> 6) & 0x3f));
+    *out++ = static_cast<char>(0x80 | (code & 0x3f));
+  } else {
+    *out++ = static_cast<char>(0xf0 | (code >> 18));
+    *out++ = static_cast<char>(0x80 | ((code >> 12) & 0x3f));
+    *out++ = static_cast<char>(0x80 | ((code >> 6) & 0x3f));
+    *out++ = static_cast<char>(0x80 | (code & 0x3f));
+  }
+  return out;
+}
+
+class Transcoder {
+ public:
+  Transcoder(std::string_view json, const TranscodeLimits& limits, Transcoded& result)
+      : begin_(json.data()), p_(json.data()), end_(json.data() + json.size()), limits_(limits),
+        result_(result), out_(result.msgpack) {}
+
+  void run() {
+    // Typical bodies are mostly long strings, whose msgpack is no longer than their JSON.
+    out_.reserve(static_cast<std::size_t>(end_ - begin_) + 64);
+    skip_whitespace();
+    if (p_ == end_) fail("Expecting value: empty body");
+    result_.root = parse_value(1);
+    skip_whitespace();
+    if (p_ != end_) fail("Extra data after the JSON value");
+    close_gaps();
+  }
+
+ private:
+  [[noreturn]] void fail(const char* message) const { fail_at(p_, message); }
+  [[noreturn]] void fail_at(const char* where, const char* message) const {
+    throw Failure{static_cast<std::size_t>(where - begin_), message};
+  }
+
+  void skip_whitespace() {
+    while (p_ != end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+  }
+
+  JsonKind parse_value(std::size_t depth) {
+    if (p_ == end_) fail("Expecting value");
+    switch (*p_) {
+      case '{': return parse_container(depth, true);
+      case '[': return parse_container(depth, false);
+      case '"': parse_string(); return JsonKind::kString;
+      case 't': parse_literal("true", '\xc3'); return JsonKind::kBool;
+      case 'f': parse_literal("false", '\xc2'); return JsonKind::kBool;
+      case 'n': parse_literal("null", '\xc0'); return JsonKind::kNull;
+      default:
+        if (*p_ == '-' || is_digit(*p_)) return parse_number();
+        fail("Expecting value");
+    }
+  }
+
+  void parse_literal(std::string_view word, char encoded) {
+    if (static_cast<std::size_t>(end_ - p_) < word.size() ||
+        std::memcmp(p_, word.data(), word.size()) != 0) {
+      fail("Expecting value");
+    }
+    p_ += word.size();
+    out_.push_back(encoded);
+  }
+
+  JsonKind parse_container(std::size_t depth, bool is_object) {
+    if (depth > limits_.max_depth) fail("Nesting too deep");
+    const std::size_t slot = out_.size();
+    out_.resize(slot + kSlot);
+    const std::size_t gap_index = gaps_.size();
+    gaps_.push_back({slot, 0});
+
+    const char close = is_object ? '}' : ']';
+    std::size_t count = 0;
+    bool all_objects = true;
+    ++p_;
+    skip_whitespace();
+    if (p_ != end_ && *p_ == close) {
+      ++p_;
+    } else {
+      for (;;) {
+        TopLevelMember* member = nullptr;
+        if (is_object) {
+          if (p_ == end_ || *p_ != '"') fail("Expecting property name enclosed in double quotes");
+          const std::size_t key_begin = out_.size();
+          parse_string();
+          if (depth == 1) member = &record_member(key_begin);
+          skip_whitespace();
+          if (p_ == end_ || *p_ != ':') fail("Expecting ':' delimiter");
+          ++p_;
+          skip_whitespace();
+        }
+        const std::size_t value_begin = out_.size();
+        const JsonKind kind = parse_value(depth + 1);
+        all_objects = all_objects && kind == JsonKind::kObject;
+        if (member != nullptr) {
+          member->kind = kind;
+          member->begin = value_begin;
+          member->end = out_.size();
+          member->all_elements_objects = kind == JsonKind::kArray && last_array_all_objects_;
+        }
+        ++count;
+        skip_whitespace();
+        if (p_ == end_) fail(is_object ? "Expecting ',' delimiter or '}'" : "Expecting ',' delimiter or ']'");
+        if (*p_ == ',') {
+          ++p_;
+          skip_whitespace();
+          continue;
+        }
+        if (*p_ == close) {
+          ++p_;
+          break;
+        }
+        fail(is_object ? "Expecting ',' delimiter or '}'" : "Expecting ',' delimiter or ']'");
+      }
+    }
+    if (count > std::numeric_limits<std::uint32_t>::max()) fail("Container too large");
+    char header[kSlot];
+    const int size = write_container_header(header, is_object, count);
+    std::memcpy(out_.data() + slot + kSlot - size, header, size);
+    gaps_[gap_index].size = kSlot - size;
+    last_array_all_objects_ = !is_object && all_objects;
+    return is_object ? JsonKind::kObject : JsonKind::kArray;
+  }
+
+  TopLevelMember& record_member(std::size_t key_begin) {
+    TopLevelMember& member = result_.members.emplace_back();
+    const char* key = out_.data() + key_begin;
+    const auto type = static_cast<unsigned char>(*key);
+    std::size_t header = 1;
+    if (type == 0xd9) header = 2;
+    if (type == 0xda) header = 3;
+    if (type == 0xdb) header = 5;
+    member.key.assign(key + header, out_.size() - key_begin - header);
+    return member;
+  }
+
+  // Finds the closing quote; notes escapes and validates UTF-8 on the way.
+  const char* scan_string(bool& escaped) {
+    const char* s = p_;
+    for (;;) {
+#if defined(__SSE2__)
+      const __m128i quote = _mm_set1_epi8('"');
+      const __m128i backslash = _mm_set1_epi8('\\');
+      const __m128i control = _mm_set1_epi8(0x20);
+      while (end_ - s >= 16) {
+        const __m128i chunk = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+        // Signed compare: bytes >= 0x80 are negative, so they stop the scan like controls.
+        const __m128i special =
+            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(chunk, quote), _mm_cmpeq_epi8(chunk, backslash)),
+                         _mm_cmplt_epi8(chunk, control));
+        const int mask = _mm_movemask_epi8(special);
+        if (mask != 0) {
+          s += __builtin_ctz(static_cast<unsigned>(mask));
+          break;
+        }
+        s += 16;
+      }
+#endif
+      if (s == end_) fail_at(p_ - 1, "Unterminated string starting");
+      const auto c = static_cast<unsigned char>(*s);
+      if (c == '"') return s;
+      if (c == '\\') {
+        escaped = true;
+        if (end_ - s < 2) fail_at(p_ - 1, "Unterminated string starting");
+        s += 2;
+      } else if (c < 0x20) {
+        fail_at(s, "Invalid control character in string");
+      } else if (c >= 0x80) {
+        const std::size_t length = utf8_sequence(reinterpret_cast<const unsigned char*>(s),
+                                                 reinterpret_cast<const unsigned char*>(end_));
+        if (length == 0) fail_at(s, "Invalid UTF-8 in string");
+        s += length;
+      } else {
+        ++s;
+      }
+    }
+  }
+
+  void parse_string() {
+    ++p_;  // opening quote
+    bool escaped = false;
+    const char* close = scan_string(escaped);
+    const auto raw = static_cast<std::size_t>(close - p_);
+    if (!escaped) {
+      char* out = out_.grow(5 + raw);
+      const int header = write_str_header(out, raw);
+      std::memcpy(out + header, p_, raw);
+      out_.resize(out_.size() + header + raw);
+    } else {
+      // The decoded text is no longer than the raw span: reserve that header, shrink after.
+      const int reserved = str_header_size(raw);
+      char* start = out_.grow(reserved + raw);
+      char* body = start + reserved;
+      const std::size_t length = static_cast<std::size_t>(unescape(p_, close, body) - body);
+      const int header = str_header_size(length);
+      if (header != reserved) std::memmove(start + header, body, length);
+      write_str_header(start, length);
+      out_.resize(out_.size() + header + length);
+    }
+    p_ = close + 1;
+  }
+
+  std::uint32_t read_hex4(const char* s) const {
+    if (end_ - s < 4) fail_at(s, "Invalid \\uXXXX escape");
+    std::uint32_t code = 0;
+    for (int i = 0; i < 4; ++i) {
+      const int digit = hex_value(s[i]);
+      if (digit < 0) fail_at(s, "Invalid \\uXXXX escape");
+      code = (code << 4) | static_cast<std::uint32_t>(digit);
+    }
+    return code;
+  }
+
+  char* unescape(const char* s, const char* close, char* out) const {
+    while (s < close) {
+      if (*s != '\\') {
+        *out++ = *s++;
+        continue;
+      }
+      const char* escape = s;
+      ++s;
+      switch (*s++) {
+        case '"': *out++ = '"'; break;
+        case '\\': *out++ = '\\'; break;
+        case '/': *out++ = '/'; break;
+        case 'b': *out++ = '\b'; break;
+        case 'f': *out++ = '\f'; break;
+        case 'n': *out++ = '\n'; break;
+        case 'r': *out++ = '\r'; break;
+        case 't': *out++ = '\t'; break;
+        case 'u': {
+          std::uint32_t code = read_hex4(s);
+          s += 4;
+          if (code >= 0xdc00 && code <= 0xdfff) fail_at(escape, "Lone surrogate in \\u escape");
+          if (code >= 0xd800 && code <= 0xdbff) {
+            if (close - s < 6 || s[0] != '\\' || s[1] != 'u') {
+              fail_at(escape, "Lone surrogate in \\u escape");
+            }
+            const std::uint32_t low = read_hex4(s + 2);
+            if (low < 0xdc00 || low > 0xdfff) fail_at(escape, "Lone surrogate in \\u escape");
+            code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
+            s += 6;
+          }
+          out = put_utf8(out, code);
+          break;
+        }
+        default: fail_at(escape, "Invalid \\escape");
+      }
+    }
+    return out;
+  }
+
+  JsonKind parse_number() {
+    const char* start = p_;
+    const bool negative = *p_ == '-';
+    if (negative) ++p_;
+    if (p_ == end_ || !is_digit(*p_)) fail_at(start, "Invalid number");
+    const char* digits = p_;
+    if (*p_ == '0') {
+      ++p_;
+      if (p_ != end_ && is_digit(*p_)) fail_at(start, "Invalid number: leading zero");
+    } else {
+      while (p_ != end_ && is_digit(*p_)) ++p_;
+    }
+    const char* digits_end = p_;
+    bool is_float = false;
+    if (p_ != end_ && *p_ == '.') {
+      ++p_;
+      if (p_ == end_ || !is_digit(*p_)) fail_at(start, "Invalid number: no digit after '.'");
+      while (p_ != end_ && is_digit(*p_)) ++p_;
+      is_float = true;
+    }
+    if (p_ != end_ && (*p_ == 'e' || *p_ == 'E')) {
+      ++p_;
+      if (p_ != end_ && (*p_ == '+' || *p_ == '-')) ++p_;
+      if (p_ == end_ || !is_digit(*p_)) fail_at(start, "Invalid number: no digit in exponent");
+      while (p_ != end_ && is_digit(*p_)) ++p_;
+      is_float = true;
+    }
+    if (is_float) {
+      double value = 0;
+      const auto [where, error] = std::from_chars(start, p_, value);
+      if (error != std::errc() || where != p_) fail_at(start, "Number out of float64 range");
+      char* out = out_.grow(9);
+      std::uint64_t bits = 0;
+      std::memcpy(&bits, &value, sizeof bits);
+      write_header(out, 0xcb, bits, 8);
+      out_.resize(out_.size() + 9);
+      return JsonKind::kFloat;
+    }
+    std::uint64_t magnitude = 0;
+    for (const char* d = digits; d != digits_end; ++d) {
+      const auto digit = static_cast<std::uint64_t>(*d - '0');
+      if (magnitude > (std::numeric_limits<std::uint64_t>::max() - digit) / 10) {
+        fail_at(start, "Integer out of 64-bit range");
+      }
+      magnitude = magnitude * 10 + digit;
+    }
+    char* out = out_.grow(9);
+    int size = 0;
+    if (!negative || magnitude == 0) {
+      if (magnitude < 0x80) {
+        out[0] = static_cast<char>(magnitude);
+        size = 1;
+      } else if (magnitude < 0x100) {
+        size = write_header(out, 0xcc, magnitude, 1);
+      } else if (magnitude < 0x10000) {
+        size = write_header(out, 0xcd, magnitude, 2);
+      } else if (magnitude < 0x100000000ULL) {
+        size = write_header(out, 0xce, magnitude, 4);
+      } else {
+        size = write_header(out, 0xcf, magnitude, 8);
+      }
+    } else {
+      if (magnitude > (1ULL << 63)) fail_at(start, "Integer out of 64-bit range");
+      const std::uint64_t bits = ~magnitude + 1;  // two's complement of -magnitude
+      if (magnitude <= 32) {
+        out[0] = static_cast<char>(bits & 0xff);
+        size = 1;
+      } else if (magnitude <= 0x80) {
+        size = write_header(out, 0xd0, bits & 0xff, 1);
+      } else if (magnitude <= 0x8000) {
+        size = write_header(out, 0xd1, bits & 0xffff, 2);
+      } else if (magnitude <= 0x80000000ULL) {
+        size = write_header(out, 0xd2, bits & 0xffffffffULL, 4);
+      } else {
+        size = write_header(out, 0xd3, bits, 8);
+      }
+    }
+    out_.resize(out_.size() + size);
+    return JsonKind::kInteger;
+  }
+
+  // Moves everything left over the unused header bytes, remapping the top-level offsets.
+  void close_gaps() {
+    std::vector<std::size_t*> positions;
+    positions.reserve(result_.members.size() * 2);
+    for (TopLevelMember& member : result_.members) {
+      positions.push_back(&member.begin);
+      positions.push_back(&member.end);
+    }
+    std::size_t next_position = 0;
+    std::size_t shift = 0;
+    std::size_t read = 0;
+    char* data = out_.data();
+    auto remap_through = [&](std::size_t limit) {
+      while (next_position < positions.size() && *positions[next_position] <= limit) {
+        *positions[next_position++] -= shift;
+      }
+    };
+    for (const Gap& gap : gaps_) {
+      if (gap.size == 0) continue;
+      remap_through(gap.pos);
+      if (shift != 0) std::memmove(data + read - shift, data + read, gap.pos - read);
+      read = gap.pos + gap.size;
+      shift += gap.size;
+    }
+    remap_through(out_.size());
+    if (shift != 0) std::memmove(data + read - shift, data + read, out_.size() - read);
+    out_.resize(out_.size() - shift);
+  }
+
+  const char* begin_;
+  const char* p_;
+  const char* end_;
+  const TranscodeLimits& limits_;
+  Transcoded& result_;
+  Buffer& out_;
+  std::vector<Gap> gaps_;
+  bool last_array_all_objects_ = false;
+};
+
+}  // namespace
+
+tl::expected<Transcoded, JsonError> json_to_msgpack(std::string_view json,
+                                                    const TranscodeLimits& limits) {
+  Transcoded result;
+  try {
+    Transcoder(json, limits, result).run();
+  } catch (const Failure& failure) {
+    return tl::unexpected(JsonError{failure.offset, failure.message});
+  }
+  return result;
+}
+
+}  // namespace vllmd::wire

@@ -1,0 +1,318 @@
+#include "common/wire/messages.hpp"
+
+namespace vllmd::wire {
+
+namespace {
+
+constexpr char kNil = '\xc0';
+
+tl::unexpected<std::string> fail(std::string message) { return tl::unexpected(std::move(message)); }
+
+tl::expected<CallId, std::string> decode_call_id(const msgpack::object& object) {
+  if (object.type == msgpack::type::POSITIVE_INTEGER) return CallId{object.via.u64, false};
+  if (object.type == msgpack::type::NEGATIVE_INTEGER) {
+    return CallId{static_cast<std::uint64_t>(object.via.i64), true};
+  }
+  return fail("call_id is not an integer");
+}
+
+void pack_call_id(Packer& packer, CallId id) {
+  if (id.negative) {
+    packer.pack_int64(static_cast<std::int64_t>(id.bits));
+  } else {
+    packer.pack_uint64(id.bits);
+  }
+}
+
+void pack_optional_int(Packer& packer, std::string_view key, const std::optional<std::int64_t>& v,
+                       std::uint32_t& count, bool write) {
+  if (!v) return;
+  if (write) {
+    pack_str(packer, key);
+    packer.pack_int64(*v);
+  }
+  ++count;
+}
+
+std::optional<std::int64_t> int_field(const msgpack::object& map, std::string_view key) {
+  const msgpack::object* value = find_key(map, key);
+  return value ? as_int64(*value) : std::nullopt;
+}
+
+std::optional<std::string> str_field(const msgpack::object& map, std::string_view key) {
+  const msgpack::object* value = find_key(map, key);
+  if (!value) return std::nullopt;
+  auto text = as_str(*value);
+  return text ? std::optional<std::string>(std::string(*text)) : std::nullopt;
+}
+
+tl::expected<std::vector<std::string>, std::string> string_list(const msgpack::object& map,
+                                                                std::string_view key) {
+  const msgpack::object* list = find_key(map, key);
+  if (!list || list->type != msgpack::type::ARRAY) {
+    return fail("'" + std::string(key) + "' is not a list");
+  }
+  std::vector<std::string> items;
+  for (std::uint32_t i = 0; i < list->via.array.size; ++i) {
+    auto text = as_str(list->via.array.ptr[i]);
+    if (!text) return fail("'" + std::string(key) + "' holds a non-string");
+    items.emplace_back(*text);
+  }
+  return items;
+}
+
+}  // namespace
+
+std::string engine_identity(int rank) {
+  const auto value = static_cast<std::uint16_t>(rank);
+  return std::string{static_cast<char>(value & 0xff), static_cast<char>(value >> 8)};
+}
+
+std::optional<int> rank_from_identity(std::string_view identity) {
+  if (identity.size() != 2) return std::nullopt;
+  return static_cast<unsigned char>(identity[0]) | (static_cast<unsigned char>(identity[1]) << 8);
+}
+
+std::string encode_handshake_status(const HandshakeStatus& message) {
+  StringBuffer buffer;
+  Packer packer(buffer);
+  packer.pack_map(3);
+  pack_str(packer, "status");
+  pack_str(packer, message.status);
+  pack_str(packer, "local");
+  packer.pack(message.local);
+  pack_str(packer, "headless");
+  packer.pack(message.headless);
+  return buffer.take();
+}
+
+tl::expected<HandshakeStatus, std::string> decode_handshake_status(std::string_view frame) {
+  auto handle = decode(frame);
+  if (!handle) return fail(handle.error());
+  const msgpack::object& map = handle->get();
+  if (map.type != msgpack::type::MAP) return fail("handshake message is not a map");
+  HandshakeStatus message;
+  const msgpack::object* status = find_key(map, "status");
+  if (!status || !as_str(*status)) return fail("handshake message has no string 'status'");
+  message.status = std::string(*as_str(*status));
+  if (const msgpack::object* local = find_key(map, "local")) {
+    message.local = as_bool(*local).value_or(false);
+  }
+  if (const msgpack::object* headless = find_key(map, "headless")) {
+    message.headless = as_bool(*headless).value_or(false);
+  }
+  return message;
+}
+
+std::string encode_init(const InitMessage& message) {
+  StringBuffer buffer;
+  Packer packer(buffer);
+  packer.pack_map(2);
+  pack_str(packer, "addresses");
+  packer.pack_map(5);
+  for (const auto* list : {&message.inputs, &message.outputs}) {
+    pack_str(packer, list == &message.inputs ? "inputs" : "outputs");
+    packer.pack_array(static_cast<std::uint32_t>(list->size()));
+    for (const std::string& address : *list) pack_str(packer, address);
+  }
+  for (std::string_view key :
+       {"coordinator_input", "coordinator_output", "frontend_stats_publish_address"}) {
+    pack_str(packer, key);
+    packer.pack_nil();
+  }
+  pack_str(packer, "parallel_config");
+  packer.pack_map(0);
+  return buffer.take();
+}
+
+tl::expected<InitMessage, std::string> decode_init(std::string_view frame) {
+  auto handle = decode(frame);
+  if (!handle) return fail(handle.error());
+  const msgpack::object* addresses = find_key(handle->get(), "addresses");
+  if (!addresses || addresses->type != msgpack::type::MAP) return fail("INIT has no 'addresses'");
+  InitMessage message;
+  auto inputs = string_list(*addresses, "inputs");
+  if (!inputs) return fail(inputs.error());
+  auto outputs = string_list(*addresses, "outputs");
+  if (!outputs) return fail(outputs.error());
+  if (inputs->empty() || inputs->size() != outputs->size()) {
+    return fail("INIT 'inputs' and 'outputs' must be non-empty and of equal length");
+  }
+  message.inputs = std::move(*inputs);
+  message.outputs = std::move(*outputs);
+  return message;
+}
+
+std::string encode_registration(const Registration& registration) {
+  if (registration.empty) return {};
+  StringBuffer buffer;
+  Packer packer(buffer);
+  // Two passes over the same field list: count, then write.
+  auto fields = [&](bool write) {
+    std::uint32_t count = 0;
+    pack_optional_int(packer, "world_size", registration.world_size, count, write);
+    pack_optional_int(packer, "data_parallel_size", registration.data_parallel_size, count, write);
+    pack_optional_int(packer, "tensor_parallel_size", registration.tensor_parallel_size, count,
+                      write);
+    pack_optional_int(packer, "pipeline_parallel_size", registration.pipeline_parallel_size, count,
+                      write);
+    pack_optional_int(packer, "data_parallel_rank", registration.data_parallel_rank, count, write);
+    if (registration.vllm_version) {
+      if (write) {
+        pack_str(packer, "vllm_version");
+        pack_str(packer, *registration.vllm_version);
+      }
+      ++count;
+    }
+    // weight_transfer_backend is always present in new engines: a string, or nil when unset.
+    if (write) {
+      pack_str(packer, "weight_transfer_backend");
+      if (registration.weight_transfer_backend) {
+        pack_str(packer, *registration.weight_transfer_backend);
+      } else {
+        packer.pack_nil();
+      }
+    }
+    ++count;
+    if (registration.supports_draft_weight_updates) {
+      if (write) {
+        pack_str(packer, "supports_draft_weight_updates");
+        packer.pack(*registration.supports_draft_weight_updates);
+      }
+      ++count;
+    }
+    return count;
+  };
+  packer.pack_map(fields(false));
+  fields(true);
+  return buffer.take();
+}
+
+tl::expected<Registration, std::string> decode_registration(std::string_view frame) {
+  Registration registration;
+  if (frame.empty()) return registration;  // older engines
+  auto handle = decode(frame);
+  if (!handle) return fail(handle.error());
+  const msgpack::object& map = handle->get();
+  if (map.type != msgpack::type::MAP) return fail("registration frame is not a map");
+  registration.empty = false;
+  registration.world_size = int_field(map, "world_size");
+  registration.data_parallel_size = int_field(map, "data_parallel_size");
+  registration.tensor_parallel_size = int_field(map, "tensor_parallel_size");
+  registration.pipeline_parallel_size = int_field(map, "pipeline_parallel_size");
+  registration.data_parallel_rank = int_field(map, "data_parallel_rank");
+  registration.vllm_version = str_field(map, "vllm_version");
+  registration.weight_transfer_backend = str_field(map, "weight_transfer_backend");
+  if (const msgpack::object* draft = find_key(map, "supports_draft_weight_updates")) {
+    registration.supports_draft_weight_updates = as_bool(*draft);
+  }
+  return registration;
+}
+
+std::string encode_utility_request(std::uint64_t client_index, CallId call_id,
+                                   std::string_view method, std::string_view args_msgpack) {
+  StringBuffer buffer;
+  buffer.bytes().reserve(16 + method.size() + args_msgpack.size());
+  Packer packer(buffer);
+  packer.pack_array(4);
+  packer.pack_uint64(client_index);
+  pack_call_id(packer, call_id);
+  pack_str(packer, method);
+  buffer.write(args_msgpack.data(), args_msgpack.size());
+  return buffer.take();
+}
+
+tl::expected<UtilityRequest, std::string> decode_utility_request(std::string_view payload,
+                                                                 const DecodeLimits& limits) {
+  auto handle = decode(payload, limits);
+  if (!handle) return fail(handle.error());
+  const msgpack::object& array = handle->get();
+  if (array.type != msgpack::type::ARRAY || array.via.array.size != 4) {
+    return fail("UTILITY payload is not an array of 4");
+  }
+  const msgpack::object* items = array.via.array.ptr;
+  UtilityRequest request;
+  if (items[0].type != msgpack::type::POSITIVE_INTEGER) {
+    return fail("client_index is not a non-negative integer");
+  }
+  request.client_index = items[0].via.u64;
+  auto call_id = decode_call_id(items[1]);
+  if (!call_id) return fail(call_id.error());
+  request.call_id = *call_id;
+  auto method = as_str(items[2]);
+  if (!method) return fail("method_name is not a string");
+  request.method = std::string(*method);
+  if (items[3].type != msgpack::type::ARRAY) return fail("args is not an array");
+  request.args_msgpack = encode_object(items[3]);
+  return request;
+}
+
+std::string encode_engine_core_outputs(std::int64_t engine_index, const UtilityOutput& output,
+                                       double timestamp, int fields) {
+  StringBuffer buffer;
+  Packer packer(buffer);
+  packer.pack_array(static_cast<std::uint32_t>(fields < 5 ? 5 : fields));
+  packer.pack_int64(engine_index);
+  packer.pack_array(0);  // outputs
+  packer.pack_nil();     // scheduler_stats
+  packer.pack_double(timestamp);
+  packer.pack_array(3);  // utility_output
+  pack_call_id(packer, output.call_id);
+  if (output.failure_message) {
+    pack_str(packer, *output.failure_message);
+    packer.pack_nil();
+  } else {
+    packer.pack_nil();
+    packer.pack_array(2);
+    packer.pack_nil();  // type_info: only used for msgspec typed results
+    buffer.write(output.value_msgpack.data(), output.value_msgpack.size());
+  }
+  for (int i = 5; i < fields; ++i) packer.pack_nil();
+  return buffer.take();
+}
+
+tl::expected<EngineCoreOutputs, std::string> decode_engine_core_outputs(
+    std::string_view frame, const DecodeLimits& limits) {
+  auto handle = decode(frame, limits);
+  if (!handle) return fail(handle.error());
+  const msgpack::object& array = handle->get();
+  if (array.type != msgpack::type::ARRAY || array.via.array.size < 5) {
+    return fail("EngineCoreOutputs is not an array of at least 5 fields");
+  }
+  const msgpack::object* fields = array.via.array.ptr;
+  EngineCoreOutputs outputs;
+  outputs.engine_index = as_int64(fields[0]).value_or(0);
+  const msgpack::object& utility = fields[4];
+  if (is_nil(utility)) return outputs;
+  if (utility.type != msgpack::type::ARRAY || utility.via.array.size < 3) {
+    return fail("utility_output is not an array of 3");
+  }
+  const msgpack::object* parts = utility.via.array.ptr;
+  UtilityOutput output;
+  auto call_id = decode_call_id(parts[0]);
+  if (!call_id) return fail(call_id.error());
+  output.call_id = *call_id;
+  if (!is_nil(parts[1])) {
+    auto message = as_str(parts[1]);
+    if (!message) return fail("failure_message is neither a string nor nil");
+    output.failure_message = std::string(*message);
+  }
+  const msgpack::object& result = parts[2];
+  if (result.type == msgpack::type::ARRAY && result.via.array.size == 2) {
+    output.value_msgpack = encode_object(result.via.array.ptr[1]);
+  } else if (!is_nil(result)) {
+    return fail("utility result is neither nil nor [type_info, value]");
+  }
+  outputs.utility_output = std::move(output);
+  return outputs;
+}
+
+std::string encode_string_array(const std::vector<std::string>& items) {
+  StringBuffer buffer;
+  Packer packer(buffer);
+  packer.pack_array(static_cast<std::uint32_t>(items.size()));
+  for (const std::string& item : items) pack_str(packer, item);
+  return buffer.take();
+}
+
+}  // namespace vllmd::wire

@@ -1,0 +1,78 @@
+#include "common/wire/msgpack_codec.hpp"
+
+#include <limits>
+
+namespace vllmd::wire {
+
+namespace {
+// Keep strings and binaries pointing into the caller's buffer instead of copying them.
+bool reference_everything(msgpack::type::object_type, std::size_t, void*) { return true; }
+}  // namespace
+
+tl::expected<msgpack::object_handle, std::string> decode(std::string_view bytes,
+                                                         const DecodeLimits& limits) {
+  if (bytes.empty()) return tl::unexpected(std::string("empty msgpack frame"));
+  const msgpack::unpack_limit unpack_limit(limits.array, limits.map, limits.str, limits.bin,
+                                           limits.ext, limits.depth);
+  std::size_t offset = 0;
+  try {
+    msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size(), offset,
+                                                    reference_everything, nullptr, unpack_limit);
+    if (offset != bytes.size()) {
+      return tl::unexpected("trailing bytes after msgpack value at offset " +
+                            std::to_string(offset));
+    }
+    return handle;
+  } catch (const msgpack::insufficient_bytes&) {
+    return tl::unexpected(std::string("truncated msgpack frame"));
+  } catch (const msgpack::size_overflow& error) {
+    return tl::unexpected(std::string("msgpack frame exceeds decode limits (") + error.what() +
+                          ")");
+  } catch (const std::exception& error) {
+    return tl::unexpected(std::string("malformed msgpack frame: ") + error.what());
+  }
+}
+
+std::string encode_object(const msgpack::object& object) {
+  StringBuffer buffer;
+  msgpack::pack(buffer, object);
+  return buffer.take();
+}
+
+std::optional<std::string_view> as_str(const msgpack::object& object) {
+  if (object.type != msgpack::type::STR) return std::nullopt;
+  return std::string_view(object.via.str.ptr, object.via.str.size);
+}
+
+std::optional<bool> as_bool(const msgpack::object& object) {
+  if (object.type != msgpack::type::BOOLEAN) return std::nullopt;
+  return object.via.boolean;
+}
+
+std::optional<std::int64_t> as_int64(const msgpack::object& object) {
+  if (object.type == msgpack::type::NEGATIVE_INTEGER) return object.via.i64;
+  if (object.type == msgpack::type::POSITIVE_INTEGER &&
+      object.via.u64 <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return static_cast<std::int64_t>(object.via.u64);
+  }
+  return std::nullopt;
+}
+
+bool is_nil(const msgpack::object& object) { return object.type == msgpack::type::NIL; }
+
+const msgpack::object* find_key(const msgpack::object& map, std::string_view key) {
+  if (map.type != msgpack::type::MAP) return nullptr;
+  const msgpack::object* found = nullptr;
+  for (std::uint32_t i = 0; i < map.via.map.size; ++i) {
+    const msgpack::object_kv& entry = map.via.map.ptr[i];
+    if (as_str(entry.key) == key) found = &entry.val;
+  }
+  return found;
+}
+
+void pack_str(Packer& packer, std::string_view text) {
+  packer.pack_str(static_cast<std::uint32_t>(text.size()));
+  packer.pack_str_body(text.data(), static_cast<std::uint32_t>(text.size()));
+}
+
+}  // namespace vllmd::wire

@@ -1,0 +1,22 @@
+#pragma once
+// msgpack -> JSON, the way back: engine results (a version string, a bool) into HTTP bodies,
+// and recorded engine arguments into readable test output. Integers stay integers; floats
+// keep a '.' or exponent so they stay floats when read back.
+
+#include <string>
+#include <string_view>
+#include <tl/expected.hpp>
+
+#include "common/wire/msgpack_codec.hpp"
+
+namespace vllmd::wire {
+
+tl::expected<std::string, std::string> msgpack_to_json(std::string_view msgpack,
+                                                       const DecodeLimits& limits = {});
+void append_json(std::string& out, const msgpack::object& object);
+
+// Appends `text` as a JSON string literal (quotes included).
+void append_json_string(std::string& out, std::string_view text);
+std::string json_string(std::string_view text);
+
+}  // namespace vllmd::wire

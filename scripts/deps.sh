@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages vllmd needs to build and test. Idempotent: it only calls
+# apt-get when something is missing, so the README commands stay fast on a prepared machine.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config ninja-build
+  libcli11-dev libpoco-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libboost-dev
+  doctest-dev libtomlplusplus-dev libsystemd-dev libexpected-dev
+  python3 python3-zmq python3-msgpack python3-requests
+  curl
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "deps.sh: missing packages: ${missing[*]} (run as root or install them)" >&2
+  exit 1
+fi
+
+echo "deps.sh: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
