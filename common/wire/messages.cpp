@@ -1,5 +1,7 @@
 #include "common/wire/messages.hpp"
 
+#include <cstring>
+
 namespace vllmd::wire {
 
 namespace {
@@ -14,6 +16,16 @@ tl::expected<CallId, std::string> decode_call_id(const msgpack::object& object) 
     return CallId{static_cast<std::uint64_t>(object.via.i64), true};
   }
   return fail("call_id is not an integer");
+}
+
+// Always 0xcb + 8 bytes: msgpack-c >= 4.1's pack_double writes integral doubles as integers.
+void write_float64(StringBuffer& buffer, double value) {
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  char bytes[9];
+  bytes[0] = static_cast<char>(0xcb);
+  for (int i = 8; i >= 1; --i, bits >>= 8) bytes[i] = static_cast<char>(bits & 0xff);
+  buffer.write(bytes, sizeof bytes);
 }
 
 void pack_call_id(Packer& packer, CallId id) {
@@ -209,17 +221,22 @@ tl::expected<Registration, std::string> decode_registration(std::string_view fra
   return registration;
 }
 
-std::string encode_utility_request(std::uint64_t client_index, CallId call_id,
-                                   std::string_view method, std::string_view args_msgpack) {
+std::string utility_request_prefix(std::uint64_t client_index, CallId call_id,
+                                   std::string_view method) {
   StringBuffer buffer;
-  buffer.bytes().reserve(16 + method.size() + args_msgpack.size());
   Packer packer(buffer);
   packer.pack_array(4);
   packer.pack_uint64(client_index);
   pack_call_id(packer, call_id);
   pack_str(packer, method);
-  buffer.write(args_msgpack.data(), args_msgpack.size());
   return buffer.take();
+}
+
+std::string encode_utility_request(std::uint64_t client_index, CallId call_id,
+                                   std::string_view method, std::string_view args_msgpack) {
+  std::string payload = utility_request_prefix(client_index, call_id, method);
+  payload.append(args_msgpack);
+  return payload;
 }
 
 tl::expected<UtilityRequest, std::string> decode_utility_request(std::string_view payload,
@@ -255,7 +272,7 @@ std::string encode_engine_core_outputs(std::int64_t engine_index, const UtilityO
   packer.pack_int64(engine_index);
   packer.pack_array(0);  // outputs
   packer.pack_nil();     // scheduler_stats
-  packer.pack_double(timestamp);
+  write_float64(buffer, timestamp);
   packer.pack_array(3);  // utility_output
   pack_call_id(packer, output.call_id);
   if (output.failure_message) {

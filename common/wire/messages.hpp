@@ -71,6 +71,10 @@ struct CallId {
 // msgpack array, spliced in unchanged.
 std::string encode_utility_request(std::uint64_t client_index, CallId call_id,
                                    std::string_view method, std::string_view args_msgpack);
+// Everything of the payload before `args`, so a large args array can be copied only once,
+// straight into the outgoing frame.
+std::string utility_request_prefix(std::uint64_t client_index, CallId call_id,
+                                   std::string_view method);
 
 struct UtilityRequest {
   std::uint64_t client_index = 0;

@@ -1,5 +1,6 @@
 #include "common/wire/msgpack_codec.hpp"
 
+#include <cstring>
 #include <limits>
 
 namespace vllmd::wire {
@@ -33,9 +34,53 @@ tl::expected<msgpack::object_handle, std::string> decode(std::string_view bytes,
   }
 }
 
+namespace {
+// Floats are written here, not by msgpack-c: since 4.1 its packer turns integral floats into
+// integers (1.0 -> 0x01, -0.0 -> 0x00), which would change a value's type on the way through.
+void write_float(StringBuffer& buffer, std::uint8_t type, std::uint64_t bits, int size) {
+  char bytes[9];
+  bytes[0] = static_cast<char>(type);
+  for (int i = size; i >= 1; --i, bits >>= 8) bytes[i] = static_cast<char>(bits & 0xff);
+  buffer.write(bytes, static_cast<std::size_t>(size) + 1);
+}
+
+void pack_object(Packer& packer, StringBuffer& buffer, const msgpack::object& object) {
+  switch (object.type) {
+    case msgpack::type::FLOAT64: {
+      std::uint64_t bits = 0;
+      std::memcpy(&bits, &object.via.f64, sizeof bits);
+      write_float(buffer, 0xcb, bits, 8);
+      break;
+    }
+    case msgpack::type::FLOAT32: {
+      const auto value = static_cast<float>(object.via.f64);
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &value, sizeof bits);
+      write_float(buffer, 0xca, bits, 4);
+      break;
+    }
+    case msgpack::type::ARRAY:
+      packer.pack_array(object.via.array.size);
+      for (std::uint32_t i = 0; i < object.via.array.size; ++i) {
+        pack_object(packer, buffer, object.via.array.ptr[i]);
+      }
+      break;
+    case msgpack::type::MAP:
+      packer.pack_map(object.via.map.size);
+      for (std::uint32_t i = 0; i < object.via.map.size; ++i) {
+        pack_object(packer, buffer, object.via.map.ptr[i].key);
+        pack_object(packer, buffer, object.via.map.ptr[i].val);
+      }
+      break;
+    default: packer.pack(object); break;
+  }
+}
+}  // namespace
+
 std::string encode_object(const msgpack::object& object) {
   StringBuffer buffer;
-  msgpack::pack(buffer, object);
+  Packer packer(buffer);
+  pack_object(packer, buffer, object);
   return buffer.take();
 }
 

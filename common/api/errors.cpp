@@ -1,0 +1,72 @@
+#include "common/api/errors.hpp"
+
+#include "common/wire/msgpack_to_json.hpp"
+
+namespace vllmd::api {
+
+std::string ApiError::body() const {
+  std::string out = "{\"error\":{\"message\":";
+  wire::append_json_string(out, message);
+  out += ",\"type\":";
+  wire::append_json_string(out, type);
+  out += ",\"param\":";
+  if (param) {
+    wire::append_json_string(out, *param);
+  } else {
+    out += "null";
+  }
+  out += ",\"code\":";
+  wire::append_json_string(out, code);
+  out += "}}";
+  return out;
+}
+
+namespace {
+ApiError make(int status, std::string type, std::string code, std::string message,
+              std::optional<std::string> param = std::nullopt) {
+  return ApiError{status, std::move(type), std::move(code), std::move(message), std::move(param)};
+}
+}  // namespace
+
+ApiError invalid_request(std::string message, std::optional<std::string> param) {
+  return make(400, "invalid_request_error", "invalid_request_error", std::move(message),
+              std::move(param));
+}
+ApiError json_parse_error(std::string message) {
+  return make(400, "invalid_request_error", "json_parse_error", std::move(message));
+}
+ApiError unauthorized(std::string message) {
+  return make(401, "authentication_error", "unauthorized", std::move(message));
+}
+ApiError payload_too_large(std::string message) {
+  return make(413, "invalid_request_error", "payload_too_large", std::move(message));
+}
+ApiError not_found() { return make(404, "invalid_request_error", "not_found", "Not Found"); }
+ApiError method_not_allowed() {
+  return make(405, "invalid_request_error", "method_not_allowed", "Method Not Allowed");
+}
+ApiError server_error(std::string message) {
+  return make(500, "server_error", "server_error", std::move(message));
+}
+ApiError engine_unavailable(std::string message) {
+  return make(503, "server_error", "engine_unavailable", std::move(message));
+}
+ApiError engine_timeout(std::string message) {
+  return make(504, "server_error", "engine_timeout", std::move(message));
+}
+
+int exit_code_for_status(int http_status) {
+  if (http_status >= 200 && http_status < 300) return exit_code::kOk;
+  switch (http_status) {
+    case 400:
+    case 413: return exit_code::kRejected;
+    case 401:
+    case 403: return exit_code::kUnauthorized;
+    case 404:
+    case 503: return exit_code::kUnavailable;
+    case 504: return exit_code::kTimeout;
+    default: return exit_code::kEngineFailed;
+  }
+}
+
+}  // namespace vllmd::api

@@ -1,0 +1,47 @@
+#pragma once
+// The error model shared by vllmd and vllmctl: every failure is an HTTP status plus an
+// OpenAI-shaped JSON body (http-api.md section 4), and maps to one vllmctl exit code.
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace vllmd::api {
+
+struct ApiError {
+  int status = 500;
+  std::string type;     // "invalid_request_error", "authentication_error", "server_error"
+  std::string code;     // "invalid_request_error", "json_parse_error", "engine_unavailable", ...
+  std::string message;
+  std::optional<std::string> param;
+
+  // {"error":{"message":...,"type":...,"param":...|null,"code":...}}
+  std::string body() const;
+};
+
+ApiError invalid_request(std::string message, std::optional<std::string> param = std::nullopt);
+ApiError json_parse_error(std::string message);
+ApiError unauthorized(std::string message);
+ApiError payload_too_large(std::string message);
+ApiError not_found();
+ApiError method_not_allowed();
+ApiError server_error(std::string message);
+ApiError engine_unavailable(std::string message);
+ApiError engine_timeout(std::string message);
+
+// vllmctl exit codes (product.md): part of the CLI's interface.
+namespace exit_code {
+inline constexpr int kOk = 0;
+inline constexpr int kUsage = 64;
+inline constexpr int kRejected = 65;      // 400, 413
+inline constexpr int kNoInput = 66;       // input file missing or unreadable
+inline constexpr int kUnavailable = 69;   // connect failure, 503 (and 404: no such route here)
+inline constexpr int kEngineFailed = 70;  // 500
+inline constexpr int kTimeout = 75;       // 504, client timeout
+inline constexpr int kUnauthorized = 77;  // 401, 403
+inline constexpr int kConfig = 78;
+}  // namespace exit_code
+
+int exit_code_for_status(int http_status);
+
+}  // namespace vllmd::api

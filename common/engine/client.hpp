@@ -1,0 +1,113 @@
+#pragma once
+// The frontend side of the engine-core protocol: binds the sockets, handshakes with N engines
+// (one per DP rank), and runs UTILITY calls on one engine or fanned out to all of them.
+//
+// One IO thread owns every socket. Callers on any thread build their frames, hand them over
+// through a queue, and block until each engine answers, fails, dies or times out. Liveness:
+// ENGINE_CORE_DEAD, a dropped connection (socket monitor) and a timed-out lifecycle call mark
+// an engine dead, which fails its pending calls at once. A restarted engine that says HELLO
+// again under the same identity is handshaken and admitted again.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <tl/expected.hpp>
+#include <vector>
+
+#include "common/wire/messages.hpp"
+
+namespace vllmd::engine {
+
+enum class EngineState { kWaiting, kHandshaking, kReady, kDead };
+std::string_view state_name(EngineState state);
+
+struct EngineStatus {
+  int rank = 0;
+  EngineState state = EngineState::kWaiting;
+  wire::Registration registration;  // from the latest admission
+  std::string reason;               // why it is dead, when it is
+  std::uint64_t admissions = 0;     // 1 after the first handshake, 2 after a restart, ...
+};
+
+struct ClientOptions {
+  // Where engines connect first: tcp://host:port (port 0 picks one) or ipc:///path.
+  std::string handshake_address = "tcp://127.0.0.1:0";
+  // Host written into INIT for the input/output sockets. Default: the handshake host. Needed
+  // when the handshake binds all interfaces (0.0.0.0, *), which is never advertised.
+  std::string advertised_host;
+  // Bind addresses for input/output; default: the handshake host on port 0 (tcp) or sibling
+  // paths of the handshake path (ipc).
+  std::string input_address;
+  std::string output_address;
+  int data_parallel_size = 1;
+  // From HELLO to READY + registration: the engine loads its model in between.
+  std::chrono::milliseconds ready_timeout = std::chrono::minutes(10);
+  wire::DecodeLimits reply_limits;
+  // Told on the IO thread whenever an engine changes state; keep it quick.
+  std::function<void(const EngineStatus&)> on_state_change;
+};
+
+enum class CallErrorKind {
+  kFailed,       // the engine answered with a failure message
+  kTimeout,      // no answer within the call's timeout
+  kUnavailable,  // engine not connected, died, restarted, or the client is shutting down
+};
+std::string_view error_kind_name(CallErrorKind kind);
+
+struct CallError {
+  CallErrorKind kind = CallErrorKind::kFailed;
+  std::string message;
+};
+
+struct EngineReply {
+  int rank = 0;
+  tl::expected<std::string, CallError> value;  // msgpack of the returned value
+};
+
+struct CallOptions {
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  // A lifecycle call that times out leaves the engine in an unknown state: mark it dead until
+  // it answers again. A read-only query that times out just fails.
+  bool timeout_marks_dead = false;
+};
+
+class EngineClient {
+ public:
+  static tl::expected<std::unique_ptr<EngineClient>, std::string> create(ClientOptions options);
+  ~EngineClient();  // fails pending calls, stops the IO thread, closes sockets (linger 0)
+  EngineClient(const EngineClient&) = delete;
+  EngineClient& operator=(const EngineClient&) = delete;
+
+  // Endpoints as bound (port 0 resolved), and as advertised to engines in INIT.
+  const std::string& handshake_endpoint() const;
+  const std::string& input_endpoint() const;
+  const std::string& output_endpoint() const;
+  int data_parallel_size() const;
+
+  std::vector<EngineStatus> engines() const;
+  bool all_ready() const;
+  bool wait_all_ready(std::chrono::milliseconds timeout) const;
+
+  // `args` is one msgpack array, spliced into the UTILITY payload unchanged. It may come in
+  // pieces (a header and a large value still sitting in the transcoded request body): they
+  // are copied once, straight into each outgoing frame.
+  using ArgParts = std::vector<std::string_view>;
+  EngineReply call(int rank, std::string_view method, const ArgParts& args,
+                   const CallOptions& options);
+  // The same call on every engine, each with its own call id; replies in rank order.
+  std::vector<EngineReply> call_all(std::string_view method, const ArgParts& args,
+                                    const CallOptions& options);
+
+  struct Impl;
+
+ private:
+  explicit EngineClient(std::unique_ptr<Impl> impl);
+  std::vector<EngineReply> call_ranks(const std::vector<int>& ranks, std::string_view method,
+                                      const ArgParts& args, const CallOptions& options);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vllmd::engine

@@ -1,0 +1,77 @@
+#pragma once
+// vllmd's configuration: defaults < TOML file < environment < flags (product.md). Every
+// setting is one row of a table that gives its TOML key, flag and environment variable, so
+// the three sources, --print-config and the man page cannot drift apart.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tl/expected.hpp>
+#include <vector>
+
+namespace vllmd::daemon {
+
+enum class EngineMode { kEmbedded, kExternal, kManaged };
+std::string_view mode_name(EngineMode mode);
+
+struct Config {
+  // [server]
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  bool dev_mode = false;
+  int threads = 16;
+  int max_queued = 64;
+  double timeout = 10;             // seconds a connection may sit idle mid-request
+  double keep_alive_timeout = 5;   // seconds an idle keep-alive connection is kept
+  std::int64_t max_body_bytes = 128LL << 20;
+  std::vector<std::string> api_keys;
+  std::string api_key_file;
+  std::string port_file;           // written with the bound port once listening
+  // [engine]
+  EngineMode mode = EngineMode::kEmbedded;
+  bool mode_set = false;
+  std::string handshake_address;  // default per mode
+  std::string advertised_host;
+  int data_parallel_size = 1;
+  std::vector<std::string> command;  // managed: argv, {handshake_address} etc. filled in
+  double call_timeout = 1800;        // lifecycle calls (NCCL init/update block for minutes)
+  double query_timeout = 10;
+  double ready_timeout = 600;        // HELLO -> READY: model load
+  std::int64_t world_size = 1;       // for engines that send an empty registration
+  std::string backend = "nccl";      // embedded reference engine
+  int tensor_parallel_size = 1;      // embedded reference engine
+  // [log]
+  std::string log_level = "info";
+
+  std::string config_file;  // the file read, if any
+};
+
+struct ConfigError {
+  std::string key;  // the setting at fault: TOML key, flag or variable as the user wrote it
+  std::string message;
+  std::string line() const { return key.empty() ? message : key + ": " + message; }
+};
+
+// What the command line asked for besides settings.
+struct Invocation {
+  Config config;
+  bool print_config = false;
+  bool check_config = false;
+  bool version = false;
+  bool help = false;
+  std::string help_text;
+};
+
+// Parses argv, the environment and the config file. Usage errors and bad settings are
+// ConfigErrors; `usage` tells which (exit 64 vs 78).
+struct LoadError {
+  ConfigError error;
+  bool usage = false;
+};
+tl::expected<Invocation, LoadError> load(int argc, const char* const* argv);
+
+// The effective configuration as TOML.
+std::string to_toml(const Config& config);
+
+}  // namespace vllmd::daemon

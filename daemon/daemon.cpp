@@ -1,0 +1,140 @@
+#include "daemon/daemon.hpp"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "common/api/errors.hpp"
+#include "common/util/log.hpp"
+#include "common/version.hpp"
+#include "daemon/config.hpp"
+#include "daemon/engines.hpp"
+#include "daemon/http_server.hpp"
+
+namespace vllmd::daemon {
+
+namespace {
+
+constexpr int kExitConfig = 78;
+constexpr int kExitUsage = 64;
+constexpr int kExitUnavailable = 69;
+
+// Signals are handled by sigwait in the main thread; every other thread inherits the mask.
+sigset_t block_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (const int number : {SIGTERM, SIGINT, SIGQUIT, SIGHUP}) sigaddset(&set, number);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+tl::expected<std::vector<std::string>, std::string> read_key_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return tl::unexpected("cannot read " + path);
+  std::vector<std::string> keys;
+  for (std::string line; std::getline(in, line);) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (!line.empty() && line.front() != '#') keys.push_back(line);
+  }
+  if (keys.empty()) return tl::unexpected(path + " holds no key");
+  return keys;
+}
+
+}  // namespace
+
+int run(int argc, const char* const* argv) {
+  const sigset_t signals = block_signals();
+  log::set_component("vllmd");
+
+  auto invocation = load(argc, argv);
+  if (!invocation) {
+    std::fprintf(stderr, "vllmd: %s\n", invocation.error().error.line().c_str());
+    return invocation.error().usage ? kExitUsage : kExitConfig;
+  }
+  if (invocation->help) {
+    std::cout << invocation->help_text;
+    return 0;
+  }
+  if (invocation->version) {
+    std::cout << "vllmd " << kVersion << "\n";
+    return 0;
+  }
+  Config& config = invocation->config;
+  if (!config.api_key_file.empty()) {
+    auto keys = read_key_file(config.api_key_file);
+    if (!keys) {
+      std::fprintf(stderr, "vllmd: server.api_key_file: %s\n", keys.error().c_str());
+      return kExitConfig;
+    }
+    config.api_keys.insert(config.api_keys.end(), keys->begin(), keys->end());
+  }
+  if (invocation->print_config) {
+    std::cout << to_toml(config);
+    return 0;
+  }
+  if (invocation->check_config) {
+    std::cout << "configuration OK" << (config.config_file.empty() ? "" : " (" + config.config_file + ")") << "\n";
+    return 0;
+  }
+  log::Level level = log::Level::kInfo;
+  log::parse_level(config.log_level, level);
+  log::set_level(level);
+
+  log::info("vllmd ", kVersion, " starting: engine mode ", mode_name(config.mode),
+            config.config_file.empty() ? "" : ", config " + config.config_file);
+  if (config.dev_mode) {
+    log::warning("dev mode is on: the weight-sync routes can overwrite the model's weights");
+  }
+
+  auto engines = Engines::start(config);
+  if (!engines) {
+    log::error("cannot start the engine link: ", engines.error());
+    return kExitUnavailable;
+  }
+  api::ServiceOptions service_options;
+  service_options.lifecycle_timeout =
+      std::chrono::milliseconds(static_cast<long long>(config.call_timeout * 1000));
+  service_options.query_timeout =
+      std::chrono::milliseconds(static_cast<long long>(config.query_timeout * 1000));
+  service_options.world_size_fallback = config.world_size;
+  api::WeightSyncService service((*engines)->client(), service_options);
+
+  ServerContext context;
+  context.service = &service;
+  context.dev_mode = config.dev_mode;
+  context.max_body_bytes = config.max_body_bytes;
+  context.api_keys = config.api_keys;
+
+  std::unique_ptr<HttpServer> server;
+  try {
+    server = std::make_unique<HttpServer>(config, context);
+    server->start();
+  } catch (const std::exception& error) {
+    log::error("cannot listen on ", config.host, ":", config.port, ": ", error.what());
+    return kExitUnavailable;
+  }
+  log::notice("listening on http://", config.host, ":", server->port());
+  if (!config.port_file.empty()) {
+    std::ofstream(config.port_file) << server->port() << "\n";
+  }
+
+  for (;;) {
+    int number = 0;
+    if (sigwait(&signals, &number) != 0) continue;
+    if (number == SIGHUP) {
+      log::notice("SIGHUP: reloading is not supported yet; keeping the running configuration");
+      continue;
+    }
+    log::notice("signal ", number, ": shutting down");
+    break;
+  }
+  server->stop(30);
+  server.reset();
+  engines->reset();
+  log::notice("stopped");
+  return 0;
+}
+
+}  // namespace vllmd::daemon

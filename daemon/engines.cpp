@@ -1,0 +1,107 @@
+#include "daemon/engines.hpp"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cstring>
+
+#include "common/engine/endpoints.hpp"
+#include "common/util/log.hpp"
+
+extern char** environ;
+
+namespace vllmd::daemon {
+
+namespace {
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
+
+void replace_all(std::string& text, std::string_view from, std::string_view to) {
+  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+}
+}  // namespace
+
+std::vector<std::string> fill_command(const std::vector<std::string>& command,
+                                      const std::string& handshake_endpoint) {
+  const auto endpoint = engine::parse_endpoint(handshake_endpoint);
+  std::vector<std::string> argv = command;
+  for (std::string& arg : argv) {
+    replace_all(arg, "{handshake_address}", handshake_endpoint);
+    if (endpoint) {
+      replace_all(arg, "{handshake_host}", endpoint->host);
+      replace_all(arg, "{handshake_port}", endpoint->port);
+    }
+  }
+  return argv;
+}
+
+tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config& config) {
+  std::unique_ptr<Engines> engines(new Engines);
+  engine::ClientOptions options;
+  options.handshake_address = config.handshake_address;
+  options.advertised_host = config.advertised_host;
+  options.data_parallel_size = config.data_parallel_size;
+  options.ready_timeout = millis(config.ready_timeout);
+  auto client = engine::EngineClient::create(options);
+  if (!client) return tl::unexpected(client.error());
+  engines->client_ = std::move(*client);
+
+  if (config.mode == EngineMode::kEmbedded) {
+    log::warning("embedded mode: serving the in-process reference engine; no model is loaded and "
+                 "no weights go anywhere");
+    engine::ReferenceEngineOptions reference;
+    reference.handshake_address = engines->client_->handshake_endpoint();
+    reference.tensor_parallel_size = config.tensor_parallel_size;
+    engine::parse_backend(config.backend, reference.backend);
+    engines->embedded_ = std::make_unique<engine::ReferenceEngine>(std::move(reference));
+    engines->embedded_->start();
+  } else if (config.mode == EngineMode::kManaged) {
+    if (auto spawned = engines->spawn_managed(config); !spawned) {
+      return tl::unexpected(spawned.error());
+    }
+  } else {
+    log::info("external mode: start engines with `vllm serve MODEL --headless "
+              "--data-parallel-address HOST --data-parallel-rpc-port PORT` at ",
+              engines->client_->handshake_endpoint());
+  }
+  return engines;
+}
+
+tl::expected<void, std::string> Engines::spawn_managed(const Config& config) {
+  std::vector<std::string> argv = fill_command(config.command, client_->handshake_endpoint());
+  std::vector<char*> args;
+  for (std::string& arg : argv) args.push_back(arg.data());
+  args.push_back(nullptr);
+  const int error = posix_spawnp(&managed_pid_, args[0], nullptr, nullptr, args.data(), environ);
+  if (error != 0) {
+    managed_pid_ = -1;
+    return tl::unexpected("cannot start the engine command '" + argv[0] + "': " +
+                          std::strerror(error));
+  }
+  log::info("managed mode: started engine process ", managed_pid_, ": ", argv[0]);
+  supervisor_ = std::thread([pid = managed_pid_] {
+    int status = 0;
+    if (::waitpid(pid, &status, 0) != pid) return;
+    if (WIFEXITED(status)) {
+      log::error("managed engine process ", pid, " exited with status ", WEXITSTATUS(status),
+                 "; weight-sync routes answer 503 until an engine attaches again");
+    } else if (WIFSIGNALED(status)) {
+      log::error("managed engine process ", pid, " was killed by signal ", WTERMSIG(status),
+                 "; weight-sync routes answer 503 until an engine attaches again");
+    }
+  });
+  return {};
+}
+
+Engines::~Engines() {
+  if (managed_pid_ > 0) ::kill(managed_pid_, SIGTERM);
+  if (supervisor_.joinable()) supervisor_.join();
+  if (embedded_) embedded_->stop();
+  client_.reset();
+}
+
+}  // namespace vllmd::daemon

@@ -1,0 +1,205 @@
+#include "daemon/http_server.hpp"
+
+#include <Poco/Net/HTTPRequestHandler.h>
+#include <Poco/Net/HTTPRequestHandlerFactory.h>
+#include <Poco/Net/HTTPServerParams.h>
+#include <Poco/Net/HTTPServerRequest.h>
+#include <Poco/Net/HTTPServerResponse.h>
+#include <Poco/Net/ServerSocket.h>
+#include <Poco/URI.h>
+
+#include <chrono>
+#include <istream>
+#include <thread>
+
+#include "common/util/log.hpp"
+
+namespace vllmd::daemon {
+
+namespace {
+
+using Poco::Net::HTTPRequestHandler;
+using Poco::Net::HTTPServerRequest;
+using Poco::Net::HTTPServerResponse;
+
+// Reads the whole body, up to `limit` bytes. Returns false when the body is larger; then at
+// most `drain` more bytes are read and dropped so keep-alive stays in sync, and `in_sync`
+// says whether the connection can carry another request.
+bool read_body(HTTPServerRequest& request, std::int64_t limit, std::string& body, bool& in_sync) {
+  std::istream& in = request.stream();
+  const std::int64_t length = request.getContentLength64();
+  in_sync = true;
+  if (length > limit) {
+    // Draining a modest excess is cheaper for the client than reconnecting; a huge one is not.
+    const std::int64_t drain = 4 * limit;
+    if (length > drain) {
+      in_sync = false;
+      return false;
+    }
+    in.ignore(length);
+    return false;
+  }
+  if (length >= 0) {
+    body.resize(static_cast<std::size_t>(length));
+    in.read(body.data(), length);
+    body.resize(static_cast<std::size_t>(in.gcount()));
+    in_sync = in.gcount() == length;
+    return true;
+  }
+  // Neither a length nor chunked encoding: an HTTP/1.1 request has no body (RFC 9112 6.3).
+  if (!request.getChunkedTransferEncoding()) return true;
+  // Chunked: read in slices and stop at the limit.
+  char slice[64 * 1024];
+  while (in) {
+    in.read(slice, sizeof slice);
+    body.append(slice, static_cast<std::size_t>(in.gcount()));
+    if (static_cast<std::int64_t>(body.size()) > limit) {
+      std::string().swap(body);
+      std::int64_t drained = 0;
+      while (in && drained < 4 * limit) {
+        in.read(slice, sizeof slice);
+        drained += in.gcount();
+      }
+      in_sync = !in.good() || in.peek() == std::char_traits<char>::eof();
+      return false;
+    }
+  }
+  return true;
+}
+
+// Constant-time comparison, so a token cannot be guessed byte by byte from response times.
+bool same_secret(std::string_view a, std::string_view b) {
+  unsigned char difference = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    difference |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  }
+  return difference == 0;
+}
+
+class RouteHandler final : public HTTPRequestHandler {
+ public:
+  explicit RouteHandler(ServerContext& context) : context_(context) {}
+
+  void handleRequest(HTTPServerRequest& request, HTTPServerResponse& response) override {
+    const auto started = std::chrono::steady_clock::now();
+    api::Response reply;
+    std::string path;
+    try {
+      reply = route(request, response, path);
+    } catch (const std::exception& error) {
+      log::error("request ", request.getMethod(), " ", request.getURI(), " failed: ", error.what());
+      reply = api::error_response(api::server_error(std::string("internal error: ") + error.what()));
+    } catch (...) {
+      reply = api::error_response(api::server_error("internal error"));
+    }
+    try {
+      const auto status = static_cast<Poco::Net::HTTPResponse::HTTPStatus>(reply.status);
+      response.setStatusAndReason(status, Poco::Net::HTTPResponse::getReasonForStatus(status));
+      response.setContentType(reply.content_type);
+      response.setContentLength64(static_cast<std::int64_t>(reply.body.size()));
+      response.send().write(reply.body.data(), static_cast<std::streamsize>(reply.body.size()));
+    } catch (const std::exception& error) {
+      log::debug("could not send the response: ", error.what());
+    }
+    ++context_.requests;
+    const double total_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    log::info(request.getMethod(), " ", path.empty() ? request.getURI() : path, " ", reply.status,
+              " ", static_cast<long long>(total_ms * 1000) / 1000.0, "ms engine=",
+              static_cast<long long>(reply.engine_seconds * 1e6) / 1000.0, "ms");
+  }
+
+ private:
+  api::Response route(HTTPServerRequest& request, HTTPServerResponse& response,
+                      std::string& path) {
+    const Poco::URI uri(request.getURI());
+    path = uri.getPath();
+    std::string body;
+    bool in_sync = true;
+    const bool fits = read_body(request, context_.max_body_bytes, body, in_sync);
+    if (!in_sync) response.setKeepAlive(false);
+    if (!fits) {
+      return api::error_response(api::payload_too_large(
+          "request body exceeds the limit of " + std::to_string(context_.max_body_bytes) +
+          " bytes"));
+    }
+    const api::Route* found = api::find_route(path);
+    if (found == nullptr || (found->dev_only && !context_.dev_mode)) {
+      return api::error_response(api::not_found());
+    }
+    if (request.getMethod() != found->method) {
+      response.set("Allow", std::string(found->method));
+      return api::error_response(api::method_not_allowed());
+    }
+    if (found->operation != api::Operation::kHealth && !context_.api_keys.empty() &&
+        !authorized(request)) {
+      return api::error_response(api::unauthorized("missing or invalid API key"));
+    }
+    const api::Query query = api::parse_query(uri.getRawQuery());
+    return context_.service->handle(*found, query, body);
+  }
+
+  bool authorized(const HTTPServerRequest& request) const {
+    const std::string header = request.get("Authorization", "");
+    constexpr std::string_view kBearer = "Bearer ";
+    if (header.size() <= kBearer.size() || header.compare(0, kBearer.size(), kBearer) != 0) {
+      return false;
+    }
+    const std::string_view token = std::string_view(header).substr(kBearer.size());
+    bool match = false;
+    for (const std::string& key : context_.api_keys) match = same_secret(token, key) || match;
+    return match;
+  }
+
+  ServerContext& context_;
+};
+
+class Factory final : public Poco::Net::HTTPRequestHandlerFactory {
+ public:
+  explicit Factory(ServerContext& context) : context_(context) {}
+  HTTPRequestHandler* createRequestHandler(const HTTPServerRequest&) override {
+    return new RouteHandler(context_);
+  }
+
+ private:
+  ServerContext& context_;
+};
+
+}  // namespace
+
+HttpServer::HttpServer(const Config& config, ServerContext& context) {
+  auto* params = new Poco::Net::HTTPServerParams;
+  params->setMaxThreads(config.threads);
+  params->setMaxQueued(config.max_queued);
+  params->setTimeout(Poco::Timespan(static_cast<long>(config.timeout * 1e6)));
+  params->setKeepAlive(true);
+  params->setKeepAliveTimeout(Poco::Timespan(static_cast<long>(config.keep_alive_timeout * 1e6)));
+  params->setMaxKeepAliveRequests(0);  // unlimited
+  params->setServerName("vllmd");
+  Poco::Net::ServerSocket socket;
+  socket.bind(Poco::Net::SocketAddress(config.host, static_cast<Poco::UInt16>(config.port)), true);
+  socket.listen(config.max_queued);
+  // An explicit pool: Poco's default one is shared and fixed at 16 threads.
+  pool_ = std::make_unique<Poco::ThreadPool>("vllmd-http", 2, std::max(2, config.threads));
+  server_ = std::make_unique<Poco::Net::HTTPServer>(new Factory(context), *pool_, socket, params);
+}
+
+HttpServer::~HttpServer() {
+  if (server_) server_->stopAll(true);
+}
+
+void HttpServer::start() { server_->start(); }
+
+std::uint16_t HttpServer::port() const { return server_->port(); }
+
+void HttpServer::stop(double drain_seconds) {
+  server_->stopAll(false);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<long>(drain_seconds * 1000));
+  while (server_->currentConnections() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  server_->stopAll(true);
+}
+
+}  // namespace vllmd::daemon

@@ -1,0 +1,40 @@
+#pragma once
+// The HTTP front of vllmd: Poco's HTTPServer with an explicit thread pool and short timeouts,
+// routing every request through the API table to the WeightSyncService.
+
+#include <Poco/Net/HTTPServer.h>
+#include <Poco/ThreadPool.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/api/service.hpp"
+#include "daemon/config.hpp"
+
+namespace vllmd::daemon {
+
+struct ServerContext {
+  api::WeightSyncService* service = nullptr;
+  bool dev_mode = false;
+  std::int64_t max_body_bytes = 128LL << 20;
+  std::vector<std::string> api_keys;  // empty: no authentication
+  std::atomic<std::uint64_t> requests{0};
+};
+
+class HttpServer {
+ public:
+  HttpServer(const Config& config, ServerContext& context);
+  ~HttpServer();
+  void start();
+  std::uint16_t port() const;
+  // Stops accepting, lets in-flight requests finish until `drain_seconds`, then stops.
+  void stop(double drain_seconds);
+
+ private:
+  std::unique_ptr<Poco::ThreadPool> pool_;  // before server_: outlives it
+  std::unique_ptr<Poco::Net::HTTPServer> server_;
+};
+
+}  // namespace vllmd::daemon
