@@ -1,0 +1,248 @@
+// vllm-ref-engine: the reference engine as a process, standing in for a headless
+// `vllm serve` in tests. It connects to a frontend's handshake address and serves UTILITY
+// calls with vLLM's weight-update semantics; fault flags provoke every failure mode.
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/engine/reference_engine.hpp"
+#include "common/util/log.hpp"
+#include "common/wire/msgpack_to_json.hpp"
+
+namespace {
+
+using vllmd::engine::ReceivedCall;
+using vllmd::engine::ReferenceEngineOptions;
+
+constexpr int kExitUsage = 64;  // EX_USAGE
+
+struct Flags {
+  ReferenceEngineOptions options;
+  std::string backend = "nccl";
+  std::vector<std::string> fail;
+  std::vector<std::string> delay;  // METHOD=SECONDS
+  std::vector<std::string> exit_silently;
+  std::vector<std::string> send_dead;
+  std::string record;
+  std::string log_level = "info";
+};
+
+// Splits METHOD=SECONDS; false when malformed.
+bool parse_delay(const std::string& text, std::string& method, std::chrono::milliseconds& delay) {
+  const std::size_t equals = text.rfind('=');
+  if (equals == std::string::npos || equals == 0) return false;
+  const std::string seconds_text = text.substr(equals + 1);
+  char* end = nullptr;
+  const double seconds = std::strtod(seconds_text.c_str(), &end);
+  if (seconds_text.empty() || *end != '\0' || !std::isfinite(seconds) || seconds < 0 ||
+      seconds > 86400.0 * 365) {
+    return false;
+  }
+  method = text.substr(0, equals);
+  delay = std::chrono::milliseconds(std::llround(seconds * 1000));
+  return true;
+}
+
+void define_flags(CLI::App& app, Flags& flags) {
+  ReferenceEngineOptions& options = flags.options;
+  app.add_option("--handshake", options.handshake_address,
+                 "Frontend handshake address (tcp://host:port or ipc:///path)")
+      ->required()
+      ->type_name("ADDR");
+  app.add_option("--rank", options.rank, "Data-parallel rank (engine identity)")
+      ->type_name("R")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--tp", options.tensor_parallel_size, "Tensor-parallel size (workers)")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--dp", options.data_parallel_size, "Data-parallel size")
+      ->type_name("N")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--backend", flags.backend, "Weight transfer backend")
+      ->type_name("BACKEND")
+      ->check(CLI::IsMember({"nccl", "ipc", "none"}))
+      ->capture_default_str();
+  app.add_option("--vllm-version", options.vllm_version, "vllm_version in the registration")
+      ->type_name("STR")
+      ->capture_default_str();
+  app.add_option("--log-level", flags.log_level, "trace|debug|info|notice|warning|error")
+      ->type_name("LEVEL")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            vllmd::log::Level level;
+            return vllmd::log::parse_level(text, level) ? std::string()
+                                                        : "unknown log level '" + text + "'";
+          },
+          ""))
+      ->capture_default_str();
+  app.add_option("--record", flags.record, "Append one JSON line per received call to FILE")
+      ->type_name("FILE");
+
+  const std::string faults = "Fault injection";
+  app.add_option("--inject-fail", flags.fail, "Reply with a failure to METHOD (repeatable)")
+      ->type_name("METHOD")
+      ->allow_extra_args(false)
+      ->group(faults);
+  app.add_option("--inject-delay", flags.delay,
+                 "Block the engine for SECONDS before serving METHOD: METHOD=SECONDS (repeatable)")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            std::string method;
+            std::chrono::milliseconds delay;
+            return parse_delay(text, method, delay) ? std::string()
+                                                    : "expected METHOD=SECONDS, got '" + text + "'";
+          },
+          ""))
+      ->type_name("METHOD=SECONDS")
+      ->allow_extra_args(false)
+      ->group(faults);
+  app.add_option("--inject-exit", flags.exit_silently,
+                 "Exit without replying to METHOD (repeatable)")
+      ->type_name("METHOD")
+      ->allow_extra_args(false)
+      ->group(faults);
+  app.add_option("--inject-dead", flags.send_dead,
+                 "Send ENGINE_CORE_DEAD and exit on METHOD (repeatable)")
+      ->type_name("METHOD")
+      ->allow_extra_args(false)
+      ->group(faults);
+  app.add_option("--reply-fields", options.faults.reply_fields, "EngineCoreOutputs length: 5 or 8")
+      ->type_name("5|8")
+      ->check(CLI::IsMember({5, 8}))
+      ->group(faults);
+  app.add_flag("--empty-registration", options.faults.empty_registration,
+               "Send an empty registration frame, as older engines do")
+      ->group(faults);
+  app.add_flag("--ready-first", options.faults.ready_before_registration,
+               "Send READY before the registration frame")
+      ->group(faults);
+}
+
+// Appends each received call to a file as one JSON line, flushed at once so a test can read
+// it while the engine runs (and after it was killed).
+class Recorder {
+ public:
+  explicit Recorder(std::FILE* file) : file_(file) {}
+  ~Recorder() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  void write(const ReceivedCall& call) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string line = "{\"method\":" + vllmd::wire::json_string(call.method);
+    line += ",\"worker_method\":";
+    line += call.worker_method.empty() ? "null" : vllmd::wire::json_string(call.worker_method);
+    line += ",\"args\":";
+    auto json = vllmd::wire::msgpack_to_json(call.args_msgpack);
+    line += json ? *json : "null";
+    line += ",\"args_hex\":\"";
+    for (const char c : call.args_msgpack) {
+      const auto byte = static_cast<unsigned char>(c);
+      line.push_back(kHex[byte >> 4]);
+      line.push_back(kHex[byte & 0xf]);
+    }
+    line += "\"}\n";
+    std::lock_guard lock(mutex_);
+    std::fwrite(line.data(), 1, line.size(), file_);
+    std::fflush(file_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::FILE* file_;
+};
+
+// Fills the options the flags describe beyond plain values; false (with a message) on error.
+bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
+  ReferenceEngineOptions& options = flags.options;
+  vllmd::engine::parse_backend(flags.backend, options.backend);
+  vllmd::log::Level level = vllmd::log::Level::kInfo;
+  vllmd::log::parse_level(flags.log_level, level);
+  vllmd::log::set_level(level);
+  options.faults.fail.insert(flags.fail.begin(), flags.fail.end());
+  options.faults.exit_silently.insert(flags.exit_silently.begin(), flags.exit_silently.end());
+  options.faults.send_dead.insert(flags.send_dead.begin(), flags.send_dead.end());
+  for (const std::string& text : flags.delay) {
+    std::string method;
+    std::chrono::milliseconds delay{};
+    parse_delay(text, method, delay);  // validated by the flag's check
+    options.faults.delay[method] = delay;
+  }
+  if (!flags.record.empty()) {
+    std::FILE* file = std::fopen(flags.record.c_str(), "a");
+    if (file == nullptr) {
+      vllmd::log::error("cannot open --record file ", flags.record);
+      return false;
+    }
+    recorder = std::make_unique<Recorder>(file);
+    options.on_call = [raw = recorder.get()](const ReceivedCall& call) { raw->write(call); };
+  }
+  // "Exit" in a fault means the process dies, as a crashing vLLM engine would.
+  options.on_fault_exit = [] {
+    std::fflush(nullptr);
+    std::_Exit(1);
+  };
+  return true;
+}
+
+int run(int argc, char** argv) {
+  // Every thread inherits this mask; the main thread takes the signals with sigtimedwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  vllmd::log::set_component("vllm-ref-engine");
+
+  CLI::App app{"vLLM reference engine: serves vLLM's engine-core protocol for tests"};
+  Flags flags;
+  define_flags(app, flags);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    app.exit(error);
+    return error.get_exit_code() == 0 ? 0 : kExitUsage;
+  }
+  std::unique_ptr<Recorder> recorder;
+  if (!finish_options(flags, recorder)) return 1;
+
+  vllmd::engine::ReferenceEngine engine(flags.options);
+  engine.start();
+  while (engine.running()) {
+    const timespec slice{0, 100'000'000};
+    const int signal = sigtimedwait(&signals, nullptr, &slice);
+    if (signal == SIGTERM || signal == SIGINT) {
+      vllmd::log::info("signal ", signal, " received; stopping");
+      engine.stop();
+      return 0;
+    }
+  }
+  engine.wait();
+  return engine.error().empty() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {
+    vllmd::log::error(error.what());
+    return 1;
+  }
+}

@@ -1,0 +1,205 @@
+#include "common/engine/reference_core.hpp"
+
+#include <algorithm>
+#include <optional>
+
+#include "common/engine/python_call.hpp"
+#include "common/engine/reference_worker.hpp"
+#include "common/wire/msgpack_codec.hpp"
+
+namespace vllmd::engine {
+
+namespace {
+
+using Result = tl::expected<std::string, std::string>;
+using detail::bind_call;
+using detail::type_error;
+
+tl::unexpected<std::string> fail(std::string message) {
+  return tl::unexpected(std::move(message));
+}
+
+std::string nil() {
+  return std::string(1, '\xc0');
+}
+
+template <typename Write>
+std::string pack(Write&& write) {
+  wire::StringBuffer buffer;
+  wire::Packer packer(buffer);
+  write(packer);
+  return buffer.take();
+}
+
+bool is_number(const msgpack::object& object) {
+  switch (object.type) {
+    case msgpack::type::POSITIVE_INTEGER:
+    case msgpack::type::NEGATIVE_INTEGER:
+    case msgpack::type::FLOAT32:
+    case msgpack::type::FLOAT64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void pack_bool_field(wire::Packer& packer, std::string_view key, bool value) {
+  wire::pack_str(packer, key);
+  packer.pack(value);
+}
+
+void pack_count_field(wire::Packer& packer, std::string_view key, std::uint64_t value) {
+  wire::pack_str(packer, key);
+  packer.pack_uint64(value);
+}
+
+std::string encode_state(const ReferenceCore& core) {
+  return pack([&](wire::Packer& packer) {
+    packer.pack_map(3);
+    wire::pack_str(packer, "weight_version");
+    wire::pack_str(packer, core.weight_version());
+    pack_bool_field(packer, "paused", core.paused());
+    wire::pack_str(packer, "workers");
+    packer.pack_array(static_cast<std::uint32_t>(core.workers().size()));
+    for (const WorkerState& worker : core.workers()) {
+      packer.pack_map(6);
+      pack_bool_field(packer, "initialized", worker.initialized);
+      pack_bool_field(packer, "update_active", worker.update_active);
+      pack_bool_field(packer, "draft", worker.draft);
+      pack_count_field(packer, "updates_in_session", worker.updates_in_session);
+      pack_count_field(packer, "sessions_finished", worker.sessions_finished);
+      pack_count_field(packer, "tensors_received", worker.tensors_received);
+    }
+  });
+}
+
+}  // namespace
+
+std::string_view backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::kNccl:
+      return "nccl";
+    case Backend::kIpc:
+      return "ipc";
+    case Backend::kNone:
+      return "none";
+  }
+  return "none";
+}
+
+bool parse_backend(std::string_view text, Backend& backend) {
+  for (Backend candidate : {Backend::kNccl, Backend::kIpc, Backend::kNone}) {
+    if (text == backend_name(candidate)) {
+      backend = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
+ReferenceCore::ReferenceCore(int dp_rank, int tensor_parallel_size, Backend backend)
+    : dp_rank_(dp_rank),
+      backend_(backend),
+      workers_(static_cast<std::size_t>(std::max(1, tensor_parallel_size))) {}
+
+tl::expected<std::string, std::string> ReferenceCore::call(std::string_view method,
+                                                           std::string_view args_msgpack) {
+  auto handle = wire::decode(args_msgpack);
+  if (!handle) return fail("cannot decode the call's arguments: " + handle.error());
+  const msgpack::object& args_object = handle->get();
+  if (args_object.type != msgpack::type::ARRAY) {
+    return fail(type_error("utility call arguments", "a list", args_object));
+  }
+  const detail::Positional args = detail::positional(args_object);
+  const std::string qualname = "EngineCore." + std::string(method);
+
+  if (method == "collective_rpc") {
+    auto bound =
+        bind_call(qualname, {{"method"}, {"timeout", false}, {"args", false}, {"kwargs", false}},
+                  args, nullptr);
+    if (!bound) return fail(bound.error());
+    const msgpack::object* name = (*bound)[0];
+    const msgpack::object* timeout = (*bound)[1];
+    const msgpack::object* worker_args = (*bound)[2];
+    const msgpack::object* kwargs = (*bound)[3];
+    if (name->type != msgpack::type::STR) {
+      return fail(type_error("collective_rpc() argument 'method'", "a str", *name));
+    }
+    if (timeout != nullptr && !wire::is_nil(*timeout) && !is_number(*timeout)) {
+      return fail(type_error("collective_rpc() argument 'timeout'", "a float or None", *timeout));
+    }
+    if (worker_args != nullptr && worker_args->type != msgpack::type::ARRAY) {
+      return fail(type_error("collective_rpc() argument 'args'", "a list", *worker_args));
+    }
+    if (kwargs != nullptr && wire::is_nil(*kwargs)) kwargs = nullptr;
+    if (kwargs != nullptr && kwargs->type != msgpack::type::MAP) {
+      return fail(type_error("collective_rpc() argument 'kwargs'", "a dict or None", *kwargs));
+    }
+    const std::string_view worker_method(name->via.str.ptr, name->via.str.size);
+    const detail::Positional positional =
+        worker_args ? detail::positional(*worker_args) : detail::Positional{};
+    // Every worker runs the method (as vLLM's executor broadcasts it); the first failure wins.
+    std::optional<std::string> first_error;
+    const int tp = static_cast<int>(workers_.size());
+    for (int rank = 0; rank < tp; ++rank) {
+      auto status =
+          detail::run_worker_method(workers_[static_cast<std::size_t>(rank)], dp_rank_ * tp + rank,
+                                    backend_, worker_method, positional, kwargs);
+      if (!status && !first_error) first_error = status.error();
+    }
+    if (first_error) return fail(*first_error);
+    return pack([&](wire::Packer& packer) {
+      packer.pack_array(static_cast<std::uint32_t>(tp));
+      for (int rank = 0; rank < tp; ++rank) packer.pack_nil();
+    });
+  }
+
+  if (method == "set_weight_version") {
+    auto bound = bind_call(qualname, {{"version"}}, args, nullptr);
+    if (!bound) return fail(bound.error());
+    const auto version = wire::as_str(*bound->front());
+    if (!version) return fail(type_error("weight version", "a str", *bound->front()));
+    weight_version_ = std::string(*version);
+    return nil();
+  }
+
+  if (method == "pause_scheduler") {
+    auto bound = bind_call(qualname, {{"mode", false}, {"clear_cache", false}}, args, nullptr);
+    if (!bound) return fail(bound.error());
+    const msgpack::object* mode = (*bound)[0];
+    const msgpack::object* clear_cache = (*bound)[1];
+    if (mode != nullptr) {
+      const auto text = wire::as_str(*mode);
+      if (!text) return fail(type_error("pause mode", "a str", *mode));
+      if (*text != "abort" && *text != "wait" && *text != "keep") {
+        return fail("Invalid pause mode: '" + std::string(*text) +
+                    "'. Expected one of 'abort', 'wait', 'keep'.");
+      }
+    }
+    if (clear_cache != nullptr && clear_cache->type != msgpack::type::BOOLEAN) {
+      return fail(type_error("clear_cache", "a bool", *clear_cache));
+    }
+    paused_ = true;
+    return nil();
+  }
+
+  // The remaining methods take no arguments.
+  const bool known = method == "get_weight_version" || method == "resume_scheduler" ||
+                     method == "is_scheduler_paused" || method == "reference_state";
+  if (!known) return fail("'EngineCore' object has no attribute '" + std::string(method) + "'");
+  auto bound = bind_call(qualname, {}, args, nullptr);
+  if (!bound) return fail(bound.error());
+  if (method == "get_weight_version") {
+    return pack([&](wire::Packer& packer) { wire::pack_str(packer, weight_version_); });
+  }
+  if (method == "resume_scheduler") {
+    paused_ = false;
+    return nil();
+  }
+  if (method == "is_scheduler_paused") {
+    return pack([&](wire::Packer& packer) { packer.pack(paused_); });
+  }
+  return encode_state(*this);  // reference_state
+}
+
+}  // namespace vllmd::engine
