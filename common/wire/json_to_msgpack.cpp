@@ -1,6 +1,8 @@
 #include "common/wire/json_to_msgpack.hpp"
 
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -401,7 +403,13 @@ class Transcoder {
     if (is_float) {
       double value = 0;
       const auto [where, error] = std::from_chars(start, p_, value);
-      if (error != std::errc() || where != p_) fail_at(start, "Number out of float64 range");
+      if (error == std::errc::result_out_of_range) {
+        // Underflow rounds to (signed) zero, as Python's json does; overflow is refused.
+        value = std::strtod(std::string(start, p_).c_str(), nullptr);
+        if (std::isinf(value)) fail_at(start, "Number out of float64 range");
+      } else if (error != std::errc() || where != p_) {
+        fail_at(start, "Invalid number");
+      }
       char* out = out_.grow(9);
       std::uint64_t bits = 0;
       std::memcpy(&bits, &value, sizeof bits);

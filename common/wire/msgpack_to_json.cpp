@@ -81,7 +81,7 @@ void append_json(std::string& out, const msgpack::object& object) {
       for (std::uint32_t i = 0; i < object.via.map.size; ++i) {
         if (i != 0) out.push_back(',');
         const msgpack::object_kv& entry = object.via.map.ptr[i];
-        if (entry.key.type == msgpack::type::STR) {
+        if (entry.key.type == msgpack::type::STR || entry.key.type == msgpack::type::BIN) {
           append_json(out, entry.key);
         } else {
           std::string key;
