@@ -101,8 +101,15 @@ int run(int argc, const char* const* argv) {
   service_options.world_size_fallback = config.world_size;
   api::WeightSyncService service((*engines)->client(), service_options);
 
+  Metrics metrics;
+  service.set_operation_observer(
+      [&metrics](std::string_view operation, double seconds) {
+        metrics.observe_operation(operation, seconds);
+      });
   ServerContext context;
   context.service = &service;
+  context.engines = &(*engines)->client();
+  context.metrics = &metrics;
   context.dev_mode = config.dev_mode;
   context.max_body_bytes = config.max_body_bytes;
   context.api_keys = config.api_keys;

@@ -83,9 +83,12 @@ tl::expected<void, std::string> Engines::spawn_managed(const Config& config) {
                           std::strerror(error));
   }
   log::info("managed mode: started engine process ", managed_pid_, ": ", argv[0]);
-  supervisor_ = std::thread([pid = managed_pid_] {
+  supervisor_ = std::thread([this, pid = managed_pid_] {
     int status = 0;
-    if (::waitpid(pid, &status, 0) != pid) return;
+    const pid_t reaped = ::waitpid(pid, &status, 0);
+    managed_exited_.store(true);
+    if (reaped != pid) return;
+    if (stopping_.load()) return;
     if (WIFEXITED(status)) {
       log::error("managed engine process ", pid, " exited with status ", WEXITSTATUS(status),
                  "; weight-sync routes answer 503 until an engine attaches again");
@@ -98,7 +101,16 @@ tl::expected<void, std::string> Engines::spawn_managed(const Config& config) {
 }
 
 Engines::~Engines() {
-  if (managed_pid_ > 0) ::kill(managed_pid_, SIGTERM);
+  stopping_.store(true);
+  if (managed_pid_ > 0) {
+    // SIGTERM lets the engine shut down cleanly; one that ignores it is killed after 10 s.
+    ::kill(managed_pid_, SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!managed_exited_.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!managed_exited_.load()) ::kill(managed_pid_, SIGKILL);
+  }
   if (supervisor_.joinable()) supervisor_.join();
   if (embedded_) embedded_->stop();
   client_.reset();

@@ -2,6 +2,7 @@
 // The engines behind vllmd, per mode: the engine client always, plus the in-process reference
 // engine (embedded) or a supervised engine process (managed).
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -27,6 +28,8 @@ class Engines {
   std::unique_ptr<engine::EngineClient> client_;
   std::unique_ptr<engine::ReferenceEngine> embedded_;
   pid_t managed_pid_ = -1;
+  std::atomic<bool> managed_exited_{false};
+  std::atomic<bool> stopping_{false};
   std::thread supervisor_;
 };
 

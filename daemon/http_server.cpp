@@ -102,6 +102,7 @@ class RouteHandler final : public HTTPRequestHandler {
       log::debug("could not send the response: ", error.what());
     }
     ++context_.requests;
+    if (context_.metrics != nullptr) context_.metrics->count_request(path, reply.status);
     const double total_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     log::info(request.getMethod(), " ", path.empty() ? request.getURI() : path, " ", reply.status,
@@ -135,8 +136,23 @@ class RouteHandler final : public HTTPRequestHandler {
         !authorized(request)) {
       return api::error_response(api::unauthorized("missing or invalid API key"));
     }
+    if (found->operation == api::Operation::kMetrics) return metrics();
     const api::Query query = api::parse_query(uri.getRawQuery());
     return context_.service->handle(*found, query, body);
+  }
+
+  api::Response metrics() const {
+    ConnectionStats connections;
+    if (context_.server != nullptr) {
+      connections.current = context_.server->currentConnections();
+      connections.queued = context_.server->queuedConnections();
+      connections.refused = context_.server->refusedConnections();
+      connections.total = context_.server->totalConnections();
+    }
+    api::Response response;
+    response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    response.body = context_.metrics->render(context_.engines->engines(), connections);
+    return response;
   }
 
   bool authorized(const HTTPServerRequest& request) const {
@@ -182,6 +198,7 @@ HttpServer::HttpServer(const Config& config, ServerContext& context) {
   // An explicit pool: Poco's default one is shared and fixed at 16 threads.
   pool_ = std::make_unique<Poco::ThreadPool>("vllmd-http", 2, std::max(2, config.threads));
   server_ = std::make_unique<Poco::Net::HTTPServer>(new Factory(context), *pool_, socket, params);
+  context.server = server_.get();
 }
 
 HttpServer::~HttpServer() {

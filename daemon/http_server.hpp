@@ -12,11 +12,15 @@
 
 #include "common/api/service.hpp"
 #include "daemon/config.hpp"
+#include "daemon/metrics.hpp"
 
 namespace vllmd::daemon {
 
 struct ServerContext {
   api::WeightSyncService* service = nullptr;
+  engine::EngineClient* engines = nullptr;
+  Metrics* metrics = nullptr;
+  const Poco::Net::HTTPServer* server = nullptr;  // for the connection gauges
   bool dev_mode = false;
   std::int64_t max_body_bytes = 128LL << 20;
   std::vector<std::string> api_keys;  // empty: no authentication

@@ -1,0 +1,92 @@
+#include "daemon/metrics.hpp"
+
+#include <sstream>
+
+#include "common/api/table.hpp"
+
+namespace vllmd::daemon {
+
+namespace {
+constexpr std::string_view kOperationMetric = "vllm:rl_weight_update_operation_duration_seconds";
+// Every operation label appears from the start, so dashboards see zeros rather than gaps.
+constexpr std::array<std::string_view, 6> kOperations = {"init",   "start",  "start_draft",
+                                                          "update", "finish", "set_version"};
+}  // namespace
+
+void Metrics::observe_operation(std::string_view operation, double seconds) {
+  std::lock_guard lock(mutex_);
+  auto found = operations_.find(operation);
+  if (found == operations_.end()) found = operations_.emplace(std::string(operation), Histogram{}).first;
+  Histogram& histogram = found->second;
+  for (std::size_t i = 0; i < kBuckets.size(); ++i) {
+    if (seconds <= kBuckets[i]) {
+      ++histogram.buckets[i];
+      break;
+    }
+  }
+  ++histogram.count;
+  histogram.sum += seconds;
+}
+
+void Metrics::count_request(std::string_view route, int status) {
+  // Only table routes get their own label: arbitrary paths must not grow the series set.
+  const std::string label = api::find_route(route) != nullptr ? std::string(route) : "other";
+  std::lock_guard lock(mutex_);
+  ++requests_[{label, status}];
+}
+
+std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
+                            const ConnectionStats& connections) const {
+  std::ostringstream out;
+  out.precision(9);
+  std::lock_guard lock(mutex_);
+
+  out << "# HELP " << kOperationMetric
+      << " Duration of weight-sync operations that reached the engines.\n"
+      << "# TYPE " << kOperationMetric << " histogram\n";
+  for (const std::string_view operation : kOperations) {
+    const auto found = operations_.find(operation);
+    const Histogram histogram = found == operations_.end() ? Histogram{} : found->second;
+    std::uint64_t cumulative = 0;
+    for (std::size_t i = 0; i < kBuckets.size(); ++i) {
+      cumulative += histogram.buckets[i];
+      out << kOperationMetric << "_bucket{operation=\"" << operation << "\",le=\"" << kBuckets[i]
+          << "\"} " << cumulative << "\n";
+    }
+    out << kOperationMetric << "_bucket{operation=\"" << operation << "\",le=\"+Inf\"} "
+        << histogram.count << "\n";
+    out << kOperationMetric << "_sum{operation=\"" << operation << "\"} " << histogram.sum << "\n";
+    out << kOperationMetric << "_count{operation=\"" << operation << "\"} " << histogram.count
+        << "\n";
+  }
+
+  out << "# HELP vllmd_http_requests_total HTTP requests answered, by route and status.\n"
+      << "# TYPE vllmd_http_requests_total counter\n";
+  for (const auto& [key, count] : requests_) {
+    out << "vllmd_http_requests_total{route=\"" << key.first << "\",status=\"" << key.second
+        << "\"} " << count << "\n";
+  }
+
+  out << "# HELP vllmd_engine_up Whether the engine of each DP rank is attached and alive.\n"
+      << "# TYPE vllmd_engine_up gauge\n";
+  for (const engine::EngineStatus& engine : engines) {
+    out << "vllmd_engine_up{rank=\"" << engine.rank << "\"} "
+        << (engine.state == engine::EngineState::kReady ? 1 : 0) << "\n";
+  }
+
+  out << "# HELP vllmd_http_connections Open HTTP connections.\n"
+      << "# TYPE vllmd_http_connections gauge\n"
+      << "vllmd_http_connections " << connections.current << "\n"
+      << "# HELP vllmd_http_connections_queued Accepted connections waiting for a worker.\n"
+      << "# TYPE vllmd_http_connections_queued gauge\n"
+      << "vllmd_http_connections_queued " << connections.queued << "\n"
+      << "# HELP vllmd_http_connections_refused_total Connections refused: workers and queue full.\n"
+      << "# TYPE vllmd_http_connections_refused_total counter\n"
+      << "vllmd_http_connections_refused_total " << connections.refused << "\n"
+      << "# HELP vllmd_http_connections_total Connections accepted.\n"
+      << "# TYPE vllmd_http_connections_total counter\n"
+      << "vllmd_http_connections_total " << connections.total << "\n";
+  return out.str();
+}
+
+}  // namespace vllmd::daemon

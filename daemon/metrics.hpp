@@ -1,0 +1,49 @@
+#pragma once
+// Prometheus metrics of vllmd (text exposition format 0.0.4): the weight-operation duration
+// histogram vLLM's frontends export, request counts by route and status, engine liveness and
+// HTTP connection gauges.
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/engine/client.hpp"
+
+namespace vllmd::daemon {
+
+struct ConnectionStats {
+  int current = 0;
+  int queued = 0;
+  int refused = 0;  // cumulative
+  int total = 0;    // cumulative
+};
+
+class Metrics {
+ public:
+  // Upper bounds of the duration buckets, seconds; +Inf is implied.
+  static constexpr std::array<double, 17> kBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                      0.5,   1,    2.5,   5,    10,  30,
+                                                      60,    120,  300,   600,  1800};
+
+  void observe_operation(std::string_view operation, double seconds);
+  void count_request(std::string_view route, int status);
+  std::string render(const std::vector<engine::EngineStatus>& engines,
+                     const ConnectionStats& connections) const;
+
+ private:
+  struct Histogram {
+    std::array<std::uint64_t, kBuckets.size()> buckets{};  // non-cumulative counts
+    std::uint64_t count = 0;
+    double sum = 0;
+  };
+  mutable std::mutex mutex_;
+  std::map<std::string, Histogram, std::less<>> operations_;
+  std::map<std::pair<std::string, int>, std::uint64_t> requests_;
+};
+
+}  // namespace vllmd::daemon
