@@ -382,31 +382,33 @@ void EngineClient::Impl::fail_pending(int rank, CallErrorKind kind, const std::s
 }
 
 void EngineClient::Impl::expire(Clock::time_point now) {
-  std::vector<int> stuck;
+  std::vector<std::pair<std::uint64_t, PendingCall>> expired;
   for (auto it = pending.begin(); it != pending.end();) {
-    PendingCall& call = it->second;
-    if (call.deadline > now) {
+    if (it->second.deadline > now) {
       ++it;
       continue;
     }
+    expired.emplace_back(it->first, std::move(it->second));
+    it = pending.erase(it);
+  }
+  // Engines first, callers second: a caller woken by its timeout sees the engine's new state.
+  for (auto& [id, call] : expired) {
     EngineSlot& engine = engines[static_cast<std::size_t>(call.rank)];
+    engine.timed_out_calls.push_back(id);
+    if (engine.timed_out_calls.size() > kRememberTimedOut) engine.timed_out_calls.pop_front();
+    if (call.options.timeout_marks_dead) mark_dead(engine, "a lifecycle call timed out", true);
+  }
+  for (auto& [id, call] : expired) {
     call.batch->complete(
         call.index,
         tl::unexpected(CallError{CallErrorKind::kTimeout,
                                  "engine rank " + std::to_string(call.rank) + " did not answer " +
                                      call.method + " within " + seconds_text(call.options.timeout)}));
-    engine.timed_out_calls.push_back(it->first);
-    if (engine.timed_out_calls.size() > kRememberTimedOut) engine.timed_out_calls.pop_front();
-    if (call.options.timeout_marks_dead) stuck.push_back(call.rank);
-    it = pending.erase(it);
-  }
-  for (const int rank : stuck) {
-    mark_dead(engines[static_cast<std::size_t>(rank)], "a lifecycle call timed out", true);
   }
   for (EngineSlot& engine : engines) {
     if (engine.status.state == EngineState::kHandshaking && engine.ready_deadline <= now) {
-      mark_dead(engine, "no READY and registration within " + seconds_text(
-                            std::chrono::duration_cast<std::chrono::milliseconds>(
+      mark_dead(engine, "no READY and registration within " +
+                            seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(
                                 options.ready_timeout)));
     }
   }
