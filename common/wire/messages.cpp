@@ -58,16 +58,23 @@ std::optional<std::string> str_field(const msgpack::object& map, std::string_vie
   return text ? std::optional<std::string>(std::string(*text)) : std::nullopt;
 }
 
+// "'key' tail", built by appends: GCC 12 warns falsely (-Wrestrict) on chained operator+.
+std::string quoted(std::string_view key, std::string_view tail) {
+  std::string text = "'";
+  text.append(key).append("'").append(tail);
+  return text;
+}
+
 tl::expected<std::vector<std::string>, std::string> string_list(const msgpack::object& map,
                                                                 std::string_view key) {
   const msgpack::object* list = find_key(map, key);
   if (!list || list->type != msgpack::type::ARRAY) {
-    return fail("'" + std::string(key) + "' is not a list");
+    return fail(quoted(key, " is not a list"));
   }
   std::vector<std::string> items;
   for (std::uint32_t i = 0; i < list->via.array.size; ++i) {
     auto text = as_str(list->via.array.ptr[i]);
-    if (!text) return fail("'" + std::string(key) + "' holds a non-string");
+    if (!text) return fail(quoted(key, " holds a non-string"));
     items.emplace_back(*text);
   }
   return items;
