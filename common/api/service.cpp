@@ -88,12 +88,6 @@ std::optional<bool> decode_bool(const std::string& msgpack) {
 WeightSyncService::WeightSyncService(engine::EngineClient& engines, ServiceOptions options)
     : engines_(engines), options_(options) {}
 
-std::uint64_t WeightSyncService::engines_generation() const {
-  std::uint64_t generation = 0;
-  for (const auto& engine : engines_.engines()) generation += engine.admissions;
-  return generation;
-}
-
 WeightSyncService::FanOut WeightSyncService::fan_out(std::string_view operation_name,
                                                      std::string_view metric,
                                                      std::string_view engine_method,
@@ -101,6 +95,7 @@ WeightSyncService::FanOut WeightSyncService::fan_out(std::string_view operation_
                                                      const CallOptions& options) {
   FanOut result;
   const auto started = std::chrono::steady_clock::now();
+  known_.sync(engines_.engines());
   ++calls_in_flight_;
   result.replies = engines_.call_all(engine_method, args, options);
   --calls_in_flight_;
@@ -173,11 +168,7 @@ Response WeightSyncService::lifecycle(const Route& route, const Query&, std::str
     FanOut set = fan_out("set_weight_version", route.metric_operation, "set_weight_version",
                          {args}, call_options);
     if (set.error) return error_response(*set.error);
-    {
-      std::lock_guard cache(cache_mutex_);
-      cached_version_ = *version;
-      cache_generation_ = engines_generation();
-    }
+    known_.set_version_all(*version);
     response.engine_seconds = set.seconds;
     response.body = "{\"success\":true,\"new_version\":" + wire::json_string(*version) + "}";
     return response;
@@ -199,9 +190,7 @@ Response WeightSyncService::lifecycle(const Route& route, const Query&, std::str
                          {version_args}, call_options);
     response.engine_seconds += set.seconds;
     if (set.error) return error_response(*set.error);
-    std::lock_guard cache(cache_mutex_);
-    cached_version_ = *version;
-    cache_generation_ = engines_generation();
+    known_.set_version_all(*version);
   }
   response.body = message_body(route.success_message);
   return response;
@@ -210,17 +199,15 @@ Response WeightSyncService::lifecycle(const Route& route, const Query&, std::str
 Response WeightSyncService::read_only(const Route& route, const Query& query) {
   const bool is_version = route.operation == Operation::kWeightInfo;
   // The engine runs utility calls one at a time, so a query sent while an update blocks it
-  // would wait for the update. Answer from what we last learnt instead.
+  // would wait for the update. Answer from what the engines last told us instead.
   if ((is_version || route.operation == Operation::kIsPaused) && calls_in_flight_.load() > 0) {
-    std::lock_guard cache(cache_mutex_);
-    if (cache_generation_ == engines_generation()) {
-      if (is_version && cached_version_) {
-        return {200, "{\"weight_version\":" + wire::json_string(*cached_version_) + "}"};
-      }
-      if (!is_version && cached_paused_) {
-        return {200, std::string("{\"is_paused\":") + (*cached_paused_ ? "true" : "false") + "}"};
-      }
+    known_.sync(engines_.engines());
+    if (!is_version) {
+      return {200, std::string("{\"is_paused\":") + (known_.paused() ? "true" : "false") + "}"};
     }
+    auto version = known_.version();
+    if (!version) return error_response(server_error(version.error()));
+    return {200, "{\"weight_version\":" + wire::json_string(*version) + "}"};
   }
 
   std::string args = "\x90";  // []
@@ -236,7 +223,6 @@ Response WeightSyncService::read_only(const Route& route, const Query& query) {
     call_options.timeout = options_.lifecycle_timeout;
   }
 
-  const std::uint64_t generation = engines_generation();
   FanOut call = fan_out(route.engine_method, "", route.engine_method, {args}, call_options);
   if (call.error) return error_response(*call.error);
   Response response;
@@ -259,10 +245,8 @@ Response WeightSyncService::read_only(const Route& route, const Query& query) {
           return error_response(server_error("engines disagree on the weight version: " + seen));
         }
         agreed = *version;
+        known_.set_version(reply.rank, *version);
       }
-      std::lock_guard cache(cache_mutex_);
-      cached_version_ = agreed;
-      cache_generation_ = generation;
       response.body = "{\"weight_version\":" + wire::json_string(agreed.value_or("")) + "}";
       return response;
     }
@@ -276,19 +260,15 @@ Response WeightSyncService::read_only(const Route& route, const Query& query) {
                                              " returned a non-boolean"));
         }
         paused = paused || *value;
+        known_.set_paused(reply.rank, *value);
       }
-      std::lock_guard cache(cache_mutex_);
-      cached_paused_ = paused;
-      cache_generation_ = generation;
       response.body = std::string("{\"is_paused\":") + (paused ? "true" : "false") + "}";
       return response;
     }
     case Operation::kPause:
     case Operation::kResume: {
       const bool paused = route.operation == Operation::kPause;
-      std::lock_guard cache(cache_mutex_);
-      cached_paused_ = paused;
-      cache_generation_ = generation;
+      known_.set_paused_all(paused);
       response.body = paused ? R"({"status":"paused"})" : R"({"status":"resumed"})";
       return response;
     }

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "common/api/errors.hpp"
+#include "common/api/known_state.hpp"
 #include "common/api/request.hpp"
 #include "common/api/table.hpp"
 #include "common/engine/client.hpp"
@@ -66,20 +67,13 @@ class WeightSyncService {
   FanOut fan_out(std::string_view operation_name, std::string_view metric,
                  std::string_view engine_method, const engine::EngineClient::ArgParts& args,
                  const engine::CallOptions& options);
-  std::uint64_t engines_generation() const;
 
   engine::EngineClient& engines_;
   ServiceOptions options_;
   OperationObserver observer_;
   std::timed_mutex lifecycle_mutex_;
   std::atomic<int> calls_in_flight_{0};
-
-  // Last known answers of the engines, served while a long call holds them busy. Valid only
-  // for the generation (sum of admissions) they were learnt in: a restarted engine forgets.
-  mutable std::mutex cache_mutex_;
-  std::optional<std::string> cached_version_;
-  std::optional<bool> cached_paused_;
-  std::uint64_t cache_generation_ = 0;
+  KnownState known_;
 };
 
 }  // namespace vllmd::api

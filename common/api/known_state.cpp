@@ -1,0 +1,57 @@
+#include "common/api/known_state.hpp"
+
+namespace vllmd::api {
+
+void KnownState::sync(const std::vector<engine::EngineStatus>& engines) {
+  std::lock_guard lock(mutex_);
+  engines_.resize(engines.size());
+  for (std::size_t i = 0; i < engines.size(); ++i) {
+    if (engines_[i].admissions != engines[i].admissions) {
+      engines_[i] = Known{engines[i].admissions, "default", false};
+    }
+  }
+}
+
+void KnownState::set_version(int rank, const std::string& version) {
+  std::lock_guard lock(mutex_);
+  if (rank >= 0 && static_cast<std::size_t>(rank) < engines_.size()) engines_[rank].version = version;
+}
+
+void KnownState::set_version_all(const std::string& version) {
+  std::lock_guard lock(mutex_);
+  for (Known& known : engines_) known.version = version;
+}
+
+void KnownState::set_paused(int rank, bool paused) {
+  std::lock_guard lock(mutex_);
+  if (rank >= 0 && static_cast<std::size_t>(rank) < engines_.size()) engines_[rank].paused = paused;
+}
+
+void KnownState::set_paused_all(bool paused) {
+  std::lock_guard lock(mutex_);
+  for (Known& known : engines_) known.paused = paused;
+}
+
+tl::expected<std::string, std::string> KnownState::version() const {
+  std::lock_guard lock(mutex_);
+  if (engines_.empty()) return std::string("default");
+  std::string seen;
+  bool agree = true;
+  for (std::size_t rank = 0; rank < engines_.size(); ++rank) {
+    if (!seen.empty()) seen += ", ";
+    seen += "rank " + std::to_string(rank) + " '" + engines_[rank].version + "'";
+    agree = agree && engines_[rank].version == engines_.front().version;
+  }
+  if (!agree) return tl::unexpected("engines disagree on the weight version: " + seen);
+  return engines_.front().version;
+}
+
+bool KnownState::paused() const {
+  std::lock_guard lock(mutex_);
+  for (const Known& known : engines_) {
+    if (known.paused) return true;
+  }
+  return false;
+}
+
+}  // namespace vllmd::api

@@ -1,0 +1,332 @@
+"""Harness for the daemon integration tests: real `vllmd` and `vllm-ref-engine` processes on
+127.0.0.1, driven over HTTP.
+
+Binary paths come from VLLMD_BIN and VLLM_REF_ENGINE_BIN (CTest sets both). Every process a
+test starts is registered with the test case and killed and reaped by pid when the test ends,
+whatever happened; children also get SIGKILL from the kernel if the test runner itself dies
+(PR_SET_PDEATHSIG), so nothing outlives a test. Each test gets its own temporary directory
+(port file, engine records, logs), removed afterwards.
+"""
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+import requests
+
+HOST = "127.0.0.1"
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent():
+    # Runs in the child between fork and exec: SIGKILL it when the test runner dies.
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def binary(variable):
+    path = os.environ.get(variable)
+    if not path:
+        # Not a skip: a misconfigured run must not pass silently.
+        raise RuntimeError(f"{variable} is not set (ctest sets it; or export it by hand)")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"{variable}={path} is not an executable")
+    return path
+
+
+def vllmd_bin():
+    return binary("VLLMD_BIN")
+
+
+def engine_bin():
+    return binary("VLLM_REF_ENGINE_BIN")
+
+
+def free_port():
+    """A TCP port that was free a moment ago (bind port 0, read it back, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def clean_env(extra=None):
+    """The environment without any variable that would change vllmd's configuration."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("VLLMD_") and not key.startswith("VLLM_")
+    }
+    env.update(extra or {})
+    return env
+
+
+def wait_until(predicate, timeout, interval=0.02, message="condition"):
+    """Polls `predicate` until it returns a truthy value (returned) or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {message}")
+        time.sleep(interval)
+
+
+class Process:
+    """One child process with its output in a log file."""
+
+    def __init__(self, name, argv, log_path, env=None):
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env if env is not None else clean_env(),
+            preexec_fn=die_with_parent,
+        )
+        self.pid = self.popen.pid
+
+    def alive(self):
+        return self.popen.poll() is None
+
+    def kill(self, sig=signal.SIGKILL):
+        """Sends `sig` by pid (if still running) and reaps the process."""
+        if self.popen.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            self.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(self.pid, signal.SIGKILL)
+            self.popen.wait()
+        self._log.close()
+
+    def stop(self):
+        """SIGTERM, then SIGKILL after a short grace period; always reaped."""
+        if self.popen.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+                self.popen.wait(timeout=5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        self.kill(signal.SIGKILL)
+
+    def log(self):
+        try:
+            with open(self.log_path, "rb") as handle:
+                return handle.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+class Daemon(Process):
+    """A running vllmd, listening on a port it picked itself (--port 0 --port-file)."""
+
+    def __init__(self, workdir, args, env=None, name="vllmd"):
+        self.port_file = os.path.join(workdir, f"{name}.port")
+        argv = [vllmd_bin(), *args, "--port", "0", "--port-file", self.port_file]
+        super().__init__(name, argv, os.path.join(workdir, f"{name}.log"), env)
+        self.port = None
+        self.url = None
+
+    def wait_listening(self, timeout=20):
+        self.port = self._wait_for_port(timeout)
+        self.url = f"http://{HOST}:{self.port}"
+        return self
+
+    def _wait_for_port(self, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with open(self.port_file, encoding="ascii") as handle:
+                    text = handle.read()
+                if text.endswith("\n") and text.strip().isdigit():
+                    return int(text)
+            except FileNotFoundError:
+                pass
+            if not self.alive():
+                raise RuntimeError(
+                    f"vllmd exited with {self.popen.returncode} before listening:\n{self.log()}")
+            time.sleep(0.02)
+        raise RuntimeError(f"vllmd did not write {self.port_file} in {timeout} s:\n{self.log()}")
+
+    # HTTP helpers: plain `requests` calls, a new connection each, short timeouts.
+    def get(self, path, **kwargs):
+        kwargs.setdefault("timeout", 30)
+        return requests.get(self.url + path, **kwargs)
+
+    def post(self, path, **kwargs):
+        kwargs.setdefault("timeout", 30)
+        return requests.post(self.url + path, **kwargs)
+
+    def health_status(self):
+        try:
+            return self.get("/health", timeout=5).status_code
+        except requests.RequestException:
+            return None
+
+    def wait_healthy(self, timeout=20):
+        wait_until(lambda: self.health_status() == 200, timeout,
+                   message=f"GET /health -> 200 (log:\n{self.log()})")
+
+    def wait_unhealthy(self, timeout=10):
+        wait_until(lambda: self.health_status() == 503, timeout, message="GET /health -> 503")
+
+
+class Engine(Process):
+    """A vllm-ref-engine process standing in for a headless `vllm serve`."""
+
+    def __init__(self, workdir, handshake, rank=0, dp=1, tp=1, backend="nccl", extra=(),
+                 record=True, name=None):
+        name = name or f"engine{rank}"
+        self.record_path = os.path.join(workdir, f"{name}.record.jsonl") if record else None
+        argv = [engine_bin(), "--handshake", handshake, "--rank", str(rank), "--dp", str(dp),
+                "--tp", str(tp), "--backend", backend, *extra]
+        if self.record_path:
+            argv += ["--record", self.record_path]
+        # Several incarnations of one rank (restarts) get distinct logs.
+        log_path = os.path.join(workdir, f"{name}.{time.monotonic_ns()}.log")
+        super().__init__(name, argv, log_path)
+
+    def calls(self):
+        return read_record(self.record_path)
+
+
+def read_record(path):
+    """The calls a --record file holds, as dicts (method, worker_method, args, args_hex).
+
+    Only complete lines are returned: the engine may be writing one right now."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return []
+    lines = text.split("\n")
+    return [json.loads(line) for line in lines[:-1] if line.strip()]
+
+
+def wire(calls):
+    """(method, args) pairs of recorded calls, for comparisons."""
+    return [(call["method"], call["args"]) for call in calls]
+
+
+def rpc(worker_method, kwargs=None):
+    """The collective_rpc args vllmd must send (engine-protocol.md section 5)."""
+    return ("collective_rpc", [worker_method, None, [], kwargs if kwargs is not None else {}])
+
+
+# A valid NCCL init_info for the reference engine (which checks the dataclass fields).
+NCCL_INIT_INFO = {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1,
+                  "world_size": 2}
+
+
+def update_info(*names):
+    names = list(names) or ["model.layers.0.weight"]
+    return {"names": names, "dtype_names": ["bfloat16"] * len(names),
+            "shapes": [[4, 4]] * len(names)}
+
+
+class DaemonTestCase(unittest.TestCase):
+    """Gives each test a temporary directory and kills every process it started."""
+
+    def setUp(self):
+        super().setUp()
+        self.workdir = tempfile.mkdtemp(prefix="vllmd-it-")
+        self.addCleanup(shutil.rmtree, self.workdir, True)
+        self._processes = []
+        # Registered after rmtree, so it runs before it (cleanups run last-in first-out).
+        self.addCleanup(self._kill_all)
+
+    def _kill_all(self):
+        # Latest first (engines before their daemon); each killed and reaped by pid, and one
+        # failure does not spare the others.
+        errors = []
+        for process in reversed(self._processes):
+            try:
+                process.stop() if isinstance(process, Daemon) else process.kill()
+            except Exception as error:  # pragma: no cover - reported below
+                errors.append(f"{process.name} ({process.pid}): {error!r}")
+                try:
+                    os.kill(process.pid, signal.SIGKILL)
+                    process.popen.wait(timeout=10)
+                except Exception:
+                    pass
+        if errors:
+            raise RuntimeError("cleanup failed: " + "; ".join(errors))
+
+    def _track(self, process):
+        self._processes.append(process)
+        return process
+
+    def start_daemon(self, args, env=None, name="vllmd"):
+        # Tracked before waiting, so a daemon that never listens is still killed.
+        return self._track(Daemon(self.workdir, args, env, name)).wait_listening()
+
+    def start_engine(self, handshake, **kwargs):
+        return self._track(Engine(self.workdir, handshake, **kwargs))
+
+    def start_external(self, dp=1, engine_extra=None, daemon_args=(), record=True,
+                       backend="nccl"):
+        """vllmd in external mode with `dp` reference engines attached and healthy.
+
+        engine_extra maps a rank to extra engine flags."""
+        handshake = f"tcp://{HOST}:{free_port()}"
+        daemon = self.start_daemon(
+            ["--dev-mode", "--engine", "external", "--handshake-address", handshake,
+             "--data-parallel-size", str(dp), *daemon_args])
+        engines = [
+            self.start_engine(handshake, rank=rank, dp=dp, backend=backend,
+                              extra=(engine_extra or {}).get(rank, ()), record=record)
+            for rank in range(dp)
+        ]
+
+        def healthy():
+            for engine in engines:
+                if not engine.alive():
+                    raise RuntimeError(f"{engine.name} exited with {engine.popen.returncode}:\n"
+                                       f"{engine.log()}")
+            return daemon.health_status() == 200
+
+        wait_until(healthy, 20, message=f"GET /health -> 200 (log:\n{daemon.log()})")
+        return daemon, engines, handshake
+
+    def assert_json(self, response, status, body):
+        """The response has this status and exactly this JSON body."""
+        self.assertEqual(response.status_code, status, response.text)
+        self.assertEqual(response.json(), body)
+
+    def assert_error(self, response, status, code, param=None, message=None, type_=None,
+                     message_prefix=None):
+        """An error in the OpenAI shape {"error": {message, type, param, code}}."""
+        self.assertEqual(response.status_code, status, response.text)
+        self.assertTrue(response.headers.get("Content-Type", "").startswith("application/json"),
+                        response.headers)
+        body = response.json()
+        self.assertEqual(set(body), {"error"}, body)
+        error = body["error"]
+        self.assertEqual(set(error), {"message", "type", "param", "code"}, body)
+        self.assertIsInstance(error["message"], str)
+        self.assertEqual(error["code"], code, body)
+        self.assertEqual(error["param"], param, body)
+        if type_ is None:
+            type_ = "invalid_request_error" if status < 500 else "server_error"
+        self.assertEqual(error["type"], type_, body)
+        if message is not None:
+            self.assertEqual(error["message"], message, body)
+        if message_prefix is not None:
+            self.assertTrue(error["message"].startswith(message_prefix), body)
+        return error
