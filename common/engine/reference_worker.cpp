@@ -38,7 +38,11 @@ Status init_transfer_engine(WorkerState& worker, Backend backend, const msgpack:
                                 {"packed_num_buffers", false},
                                 {"nccl_unique_id_b64", false}},
                                {}, &info)
-                   : bind_call("IPCWeightTransferInitInfo.__init__", {}, {}, &info);
+                   : bind_call("IPCWeightTransferInitInfo.__init__",
+                               {{"packed", false},
+                                {"packed_buffer_size_bytes", false},
+                                {"packed_num_buffers", false}},
+                               {}, &info);
   if (!bound) return fail(bound.error());
   worker.initialized = true;
   return {};
@@ -98,7 +102,10 @@ tl::expected<std::uint32_t, std::string> parse_update_info(Backend backend,
   }
   std::vector<std::string_view> lists = {"names", "dtype_names", "shapes"};
   if (ipc) {
-    lists.push_back("tensor_sizes");
+    // Unpacked transfers send tensor_sizes as None: only a list must match the others.
+    if (wire::find_key(info, "tensor_sizes")->type != msgpack::type::NIL) {
+      lists.push_back("tensor_sizes");
+    }
     const msgpack::object& handles = *wire::find_key(info, "ipc_handles_pickled");
     if (handles.type != msgpack::type::STR) {
       return fail(type_error("ipc_handles_pickled", "a str", handles));

@@ -230,8 +230,14 @@ TEST_SUITE("reference_core") {
               R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
               R"("ipc_handles_pickled":"gASV","tensor_sizes":[4]}})") == "[null]");
     CHECK(rpc(core, "init_weight_transfer_engine", R"({"init_info":{}})") == "[null]");
+    // Newer trainers say whether they pack, and send tensor_sizes None when unpacked.
+    CHECK(rpc(core, "init_weight_transfer_engine", R"({"init_info":{"packed":false}})") ==
+          "[null]");
+    CHECK(rpc(core, "update_weights",
+              R"({"update_info":{"names":["a","b"],"dtype_names":["f","f"],"shapes":[[1],[2]],)"
+              R"("ipc_handles_pickled":"gASV","tensor_sizes":null}})") == "[null]");
     CHECK(rpc(core, "finish_weight_update") == "[null]");
-    CHECK(core.workers()[0].tensors_received == 1);
+    CHECK(core.workers()[0].tensors_received == 3);
   }
 
   TEST_CASE("without a weight transfer backend every worker method fails") {
