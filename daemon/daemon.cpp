@@ -12,6 +12,11 @@
 #include "daemon/config.hpp"
 #include "daemon/engines.hpp"
 #include "daemon/http_server.hpp"
+#include "daemon/notify.hpp"
+
+#include <Poco/Net/HTTPClientSession.h>
+#include <Poco/Net/HTTPRequest.h>
+#include <Poco/Net/HTTPResponse.h>
 
 namespace vllmd::daemon {
 
@@ -40,6 +45,24 @@ tl::expected<std::vector<std::string>, std::string> read_key_file(const std::str
   }
   if (keys.empty()) return tl::unexpected(path + " holds no key");
   return keys;
+}
+
+// One GET /version against our own listener: proof that the acceptor and a worker answer.
+bool probe_server(const std::string& host, std::uint16_t port) {
+  const std::string target = host == "0.0.0.0" ? "127.0.0.1" : (host == "::" ? "::1" : host);
+  try {
+    Poco::Net::HTTPClientSession session(target, port);
+    session.setTimeout(Poco::Timespan(2, 0));
+    Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_GET, "/version",
+                                   Poco::Net::HTTPMessage::HTTP_1_1);
+    session.sendRequest(request);
+    Poco::Net::HTTPResponse response;
+    session.receiveResponse(response).ignore(1 << 16);
+    return response.getStatus() == Poco::Net::HTTPResponse::HTTP_OK;
+  } catch (const std::exception& error) {
+    log::warning("watchdog self-check failed: ", error.what());
+    return false;
+  }
 }
 
 }  // namespace
@@ -126,6 +149,9 @@ int run(int argc, const char* const* argv) {
   if (!config.port_file.empty()) {
     std::ofstream(config.port_file) << server->port() << "\n";
   }
+  Notifier notifier((*engines)->client(),
+                    [host = config.host, port = server->port()] { return probe_server(host, port); });
+  notifier.start();
 
   for (;;) {
     int number = 0;
@@ -137,6 +163,7 @@ int run(int argc, const char* const* argv) {
     log::notice("signal ", number, ": shutting down");
     break;
   }
+  notifier.stopping();
   server->stop(30);
   server.reset();
   engines->reset();

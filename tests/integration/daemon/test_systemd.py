@@ -1,0 +1,126 @@
+"""Type=notify: vllmd talks to a NOTIFY_SOCKET this test owns. READY=1 only once the port
+answers and every engine is attached, STATUS= while waiting, WATCHDOG=1 when WATCHDOG_USEC is
+set, STOPPING=1 on SIGTERM, and a request in flight at SIGTERM still completes (exit 0)."""
+
+import os
+import signal
+import socket
+import threading
+import time
+import unittest
+
+import harness
+
+
+class NotifySocket:
+    """A datagram socket collecting sd_notify messages, with their arrival times."""
+
+    def __init__(self, path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.1)
+        self.messages = []  # (monotonic time, {key: value})
+        self._stop = False
+        self._thread = threading.Thread(target=self._collect, daemon=True)
+        self._thread.start()
+
+    def _collect(self):
+        while not self._stop:
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
+            self.messages.append((time.monotonic(), fields))
+
+    def first(self, key, timeout=20):
+        found = []
+
+        def seen():
+            found[:] = [(t, f) for t, f in self.messages if key in f]
+            return bool(found)
+
+        harness.wait_until(seen, timeout, message=f"sd_notify {key}")
+        return found[0]
+
+    def values(self, key):
+        return [fields[key] for _, fields in self.messages if key in fields]
+
+    def close(self):
+        self._stop = True
+        self._thread.join()
+        self.sock.close()
+
+
+class SystemdNotifyTest(harness.DaemonTestCase):
+    def notify_socket(self):
+        notify = NotifySocket(os.path.join(self.workdir, "notify.sock"))
+        self.addCleanup(notify.close)
+        return notify
+
+    def test_ready_only_when_the_port_answers_and_engines_are_attached(self):
+        notify = self.notify_socket()
+        handshake = f"tcp://{harness.HOST}:{harness.free_port()}"
+        daemon = self.start_daemon(
+            ["--dev-mode", "--engine", "external", "--handshake-address", handshake],
+            env=harness.clean_env({"NOTIFY_SOCKET": notify.path}))
+        # Listening, but no engine yet: a STATUS line says so, and no READY=1.
+        _, status = notify.first("STATUS")
+        self.assertIn("waiting for rank 0", status["STATUS"])
+        time.sleep(0.5)
+        self.assertEqual(notify.values("READY"), [])
+
+        self.start_engine(handshake)
+        ready_at, _ = notify.first("READY")
+        self.assertEqual(daemon.get("/health").status_code, 200)
+        self.assertIn("1/1 engine(s) attached", notify.values("STATUS")[-1])
+        # READY=1 is sent once.
+        time.sleep(0.6)
+        self.assertEqual(notify.values("READY"), ["1"])
+        self.assertGreater(ready_at, 0)
+
+    def test_watchdog_is_fed_while_the_server_answers(self):
+        notify = self.notify_socket()
+        self.start_daemon(["--dev-mode"], env=harness.clean_env({"NOTIFY_SOCKET": notify.path,
+                                               "WATCHDOG_USEC": "400000"}))
+        notify.first("READY")
+        harness.wait_until(lambda: len(notify.values("WATCHDOG")) >= 3, 10,
+                           message="three WATCHDOG=1 messages")
+
+    def test_no_watchdog_messages_without_watchdog_usec(self):
+        notify = self.notify_socket()
+        self.start_daemon(["--dev-mode"], env=harness.clean_env({"NOTIFY_SOCKET": notify.path}))
+        notify.first("READY")
+        time.sleep(0.8)
+        self.assertEqual(notify.values("WATCHDOG"), [])
+
+    def test_sigterm_sends_stopping_and_lets_the_request_in_flight_finish(self):
+        notify = self.notify_socket()
+        handshake = f"tcp://{harness.HOST}:{harness.free_port()}"
+        daemon = self.start_daemon(
+            ["--dev-mode", "--engine", "external", "--handshake-address", handshake],
+            env=harness.clean_env({"NOTIFY_SOCKET": notify.path}))
+        self.start_engine(handshake, extra=["--inject-delay", "start_weight_update=2"])
+        notify.first("READY")
+
+        result = {}
+
+        def call():
+            response = daemon.post("/start_weight_update")
+            result["status"] = response.status_code
+            result["body"] = response.json()
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(0.5)  # the call is now blocked in the engine
+        daemon.popen.send_signal(signal.SIGTERM)
+        notify.first("STOPPING", timeout=5)
+        caller.join(timeout=10)
+        self.assertEqual(result.get("status"), 200, result)
+        self.assertEqual(result["body"], {"message": "Weight update started"})
+        self.assertEqual(daemon.popen.wait(timeout=15), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
