@@ -65,13 +65,59 @@ bool probe_server(const std::string& host, std::uint16_t port) {
   }
 }
 
+// Loads the configuration and the API key file it names.
+tl::expected<Invocation, LoadError> load_all(int argc, const char* const* argv) {
+  auto invocation = load(argc, argv);
+  if (!invocation) return invocation;
+  Config& config = invocation->config;
+  if (!config.api_key_file.empty()) {
+    auto keys = read_key_file(config.api_key_file);
+    if (!keys) return tl::unexpected(LoadError{{"server.api_key_file", keys.error()}, false});
+    config.api_keys.insert(config.api_keys.end(), keys->begin(), keys->end());
+  }
+  return invocation;
+}
+
+void apply_log_level(const Config& config) {
+  log::Level level = log::Level::kInfo;
+  log::parse_level(config.log_level, level);
+  log::set_level(level);
+}
+
+Policy policy_of(const Config& config) { return Policy{config.max_body_bytes, config.api_keys}; }
+
+// SIGHUP: read everything again; apply what can change while running, all at once, or
+// nothing when the new configuration is invalid.
+void reload(int argc, const char* const* argv, const Config& running, ServerContext& context) {
+  auto fresh = load_all(argc, argv);
+  if (!fresh) {
+    log::error("reload failed, keeping the running configuration: ", fresh.error().error.line());
+    return;
+  }
+  const Config& next = fresh->config;
+  const bool restart_needed =
+      next.host != running.host || next.port != running.port ||
+      next.dev_mode != running.dev_mode || next.threads != running.threads ||
+      next.handshake_address != running.handshake_address || next.mode != running.mode ||
+      next.data_parallel_size != running.data_parallel_size || next.command != running.command;
+  if (restart_needed) {
+    log::warning("reload: listener, dev-mode or engine settings changed; they apply at the next "
+                 "restart");
+  }
+  // Said before the new level applies, so the line survives a move to a quieter level.
+  log::notice("configuration reloaded: log level ", next.log_level, ", ", next.api_keys.size(),
+              " API key(s), body limit ", next.max_body_bytes, " bytes");
+  context.set_policy(policy_of(next));
+  apply_log_level(next);
+}
+
 }  // namespace
 
 int run(int argc, const char* const* argv) {
   const sigset_t signals = block_signals();
   log::set_component("vllmd");
 
-  auto invocation = load(argc, argv);
+  auto invocation = load_all(argc, argv);
   if (!invocation) {
     std::fprintf(stderr, "vllmd: %s\n", invocation.error().error.line().c_str());
     return invocation.error().usage ? kExitUsage : kExitConfig;
@@ -84,15 +130,7 @@ int run(int argc, const char* const* argv) {
     std::cout << "vllmd " << kVersion << "\n";
     return 0;
   }
-  Config& config = invocation->config;
-  if (!config.api_key_file.empty()) {
-    auto keys = read_key_file(config.api_key_file);
-    if (!keys) {
-      std::fprintf(stderr, "vllmd: server.api_key_file: %s\n", keys.error().c_str());
-      return kExitConfig;
-    }
-    config.api_keys.insert(config.api_keys.end(), keys->begin(), keys->end());
-  }
+  const Config& config = invocation->config;
   if (invocation->print_config) {
     std::cout << to_toml(config);
     return 0;
@@ -101,9 +139,7 @@ int run(int argc, const char* const* argv) {
     std::cout << "configuration OK" << (config.config_file.empty() ? "" : " (" + config.config_file + ")") << "\n";
     return 0;
   }
-  log::Level level = log::Level::kInfo;
-  log::parse_level(config.log_level, level);
-  log::set_level(level);
+  apply_log_level(config);
 
   log::info("vllmd ", kVersion, " starting: engine mode ", mode_name(config.mode),
             config.config_file.empty() ? "" : ", config " + config.config_file);
@@ -134,8 +170,7 @@ int run(int argc, const char* const* argv) {
   context.engines = &(*engines)->client();
   context.metrics = &metrics;
   context.dev_mode = config.dev_mode;
-  context.max_body_bytes = config.max_body_bytes;
-  context.api_keys = config.api_keys;
+  context.set_policy(policy_of(config));
 
   std::unique_ptr<HttpServer> server;
   try {
@@ -157,7 +192,9 @@ int run(int argc, const char* const* argv) {
     int number = 0;
     if (sigwait(&signals, &number) != 0) continue;
     if (number == SIGHUP) {
-      log::notice("SIGHUP: reloading is not supported yet; keeping the running configuration");
+      notifier.reloading();
+      reload(argc, argv, config, context);
+      notifier.reloaded();
       continue;
     }
     log::notice("signal ", number, ": shutting down");

@@ -117,11 +117,12 @@ class RouteHandler final : public HTTPRequestHandler {
     path = uri.getPath();
     std::string body;
     bool in_sync = true;
-    const bool fits = read_body(request, context_.max_body_bytes, body, in_sync);
+    const std::shared_ptr<const Policy> policy = context_.policy();
+    const bool fits = read_body(request, policy->max_body_bytes, body, in_sync);
     if (!in_sync) response.setKeepAlive(false);
     if (!fits) {
       return api::error_response(api::payload_too_large(
-          "request body exceeds the limit of " + std::to_string(context_.max_body_bytes) +
+          "request body exceeds the limit of " + std::to_string(policy->max_body_bytes) +
           " bytes"));
     }
     const api::Route* found = api::find_route(path);
@@ -132,8 +133,8 @@ class RouteHandler final : public HTTPRequestHandler {
       response.set("Allow", std::string(found->method));
       return api::error_response(api::method_not_allowed());
     }
-    if (found->operation != api::Operation::kHealth && !context_.api_keys.empty() &&
-        !authorized(request)) {
+    if (found->operation != api::Operation::kHealth && !policy->api_keys.empty() &&
+        !authorized(request, policy->api_keys)) {
       return api::error_response(api::unauthorized("missing or invalid API key"));
     }
     if (found->operation == api::Operation::kMetrics) return metrics();
@@ -155,7 +156,7 @@ class RouteHandler final : public HTTPRequestHandler {
     return response;
   }
 
-  bool authorized(const HTTPServerRequest& request) const {
+  static bool authorized(const HTTPServerRequest& request, const std::vector<std::string>& keys) {
     const std::string header = request.get("Authorization", "");
     constexpr std::string_view kBearer = "Bearer ";
     if (header.size() <= kBearer.size() || header.compare(0, kBearer.size(), kBearer) != 0) {
@@ -163,7 +164,7 @@ class RouteHandler final : public HTTPRequestHandler {
     }
     const std::string_view token = std::string_view(header).substr(kBearer.size());
     bool match = false;
-    for (const std::string& key : context_.api_keys) match = same_secret(token, key) || match;
+    for (const std::string& key : keys) match = same_secret(token, key) || match;
     return match;
   }
 

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,15 +17,33 @@
 
 namespace vllmd::daemon {
 
+// Settings a reload may change while requests run: replaced as a whole, read as a snapshot.
+struct Policy {
+  std::int64_t max_body_bytes = 128LL << 20;
+  std::vector<std::string> api_keys;  // empty: no authentication
+};
+
 struct ServerContext {
   api::WeightSyncService* service = nullptr;
   engine::EngineClient* engines = nullptr;
   Metrics* metrics = nullptr;
   const Poco::Net::HTTPServer* server = nullptr;  // for the connection gauges
   bool dev_mode = false;
-  std::int64_t max_body_bytes = 128LL << 20;
-  std::vector<std::string> api_keys;  // empty: no authentication
   std::atomic<std::uint64_t> requests{0};
+
+  std::shared_ptr<const Policy> policy() const {
+    std::lock_guard lock(policy_mutex);
+    return current_policy;
+  }
+  void set_policy(Policy policy) {
+    auto replacement = std::make_shared<const Policy>(std::move(policy));
+    std::lock_guard lock(policy_mutex);
+    current_policy = std::move(replacement);
+  }
+
+ private:
+  mutable std::mutex policy_mutex;
+  std::shared_ptr<const Policy> current_policy = std::make_shared<const Policy>();
 };
 
 class HttpServer {

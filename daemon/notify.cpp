@@ -40,6 +40,14 @@ void Notifier::stopping() {
   if (active_) notify("STOPPING=1\nSTATUS=draining in-flight requests");
 }
 
+void Notifier::reloading() {
+  if (active_) notify("RELOADING=1\nSTATUS=reloading the configuration");
+}
+
+void Notifier::reloaded() {
+  if (active_) notify("READY=1\nSTATUS=" + engines_status());
+}
+
 std::string Notifier::engines_status() const {
   int ready = 0;
   std::string waiting;

@@ -24,6 +24,8 @@ class Notifier {
 
   void start();     // after the server listens
   void stopping();  // STOPPING=1; stops the watch thread
+  void reloading();  // RELOADING=1
+  void reloaded();   // READY=1 again
   bool active() const { return active_; }
 
  private:
