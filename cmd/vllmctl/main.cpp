@@ -1,0 +1,5 @@
+#include "cmd/vllmctl/cli.hpp"
+
+int main(int argc, char** argv) {
+  return vllmd::vllmctl::run(argc, argv);
+}

@@ -1,0 +1,74 @@
+#include "cmd/vllmctl/settings.hpp"
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/http/client.hpp"
+
+namespace vllmd::vllmctl {
+
+namespace {
+
+tl::expected<std::string, std::string> read_token_file(const std::string& path,
+                                                       const std::string& source) {
+  auto failure = [&](int error) {
+    return tl::unexpected(source + ": cannot read token file " + path + ": " +
+                          std::strerror(error));
+  };
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) return failure(errno);
+  std::string token;
+  char slice[4096];
+  std::size_t got = 0;
+  while ((got = std::fread(slice, 1, sizeof slice, file)) > 0) token.append(slice, got);
+  const bool failed = std::ferror(file) != 0;
+  const int read_errno = errno;
+  std::fclose(file);
+  if (failed) return failure(read_errno);
+  // Surrounding whitespace (echo KEY > file) is not part of the key.
+  const std::size_t first = token.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) {
+    return tl::unexpected(source + ": token file " + path + " is empty");
+  }
+  return token.substr(first, token.find_last_not_of(" \t\r\n") - first + 1);
+}
+
+}  // namespace
+
+tl::expected<Format, std::string> parse_format(const std::string& text) {
+  if (text == "text") return Format::kText;
+  if (text == "json") return Format::kJson;
+  return tl::unexpected("-o: unknown output format '" + text + "'; expected text or json");
+}
+
+tl::expected<std::string, std::string> resolve_token(const GlobalFlags& flags) {
+  if (!flags.token_file.empty()) return read_token_file(flags.token_file, "--token-file");
+  const char* token = std::getenv("VLLMCTL_TOKEN");
+  const char* token_file = std::getenv("VLLMCTL_TOKEN_FILE");
+  const bool has_token = token != nullptr && *token != '\0';
+  const bool has_file = token_file != nullptr && *token_file != '\0';
+  // Which one wins would be a guess: say so instead.
+  if (has_token && has_file) {
+    return tl::unexpected(
+        std::string("VLLMCTL_TOKEN and VLLMCTL_TOKEN_FILE are both set; keep one"));
+  }
+  if (has_file) return read_token_file(token_file, "VLLMCTL_TOKEN_FILE");
+  return has_token ? std::string(token) : std::string();
+}
+
+tl::expected<Context, std::string> make_context(const GlobalFlags& flags, const Output& output) {
+  auto endpoint = http::parse_endpoint(flags.server);
+  if (!endpoint) return tl::unexpected("--server: " + endpoint.error());
+  auto token = resolve_token(flags);
+  if (!token) return tl::unexpected(token.error());
+  http::ClientOptions options;
+  options.token = std::move(*token);
+  options.timeout = std::chrono::milliseconds(static_cast<long long>(flags.timeout * 1000));
+  options.trace = [output](std::string_view line) { output.trace(line); };
+  return Context(http::Client(std::move(*endpoint), std::move(options)), output);
+}
+
+}  // namespace vllmd::vllmctl

@@ -1,0 +1,33 @@
+#pragma once
+// vllmctl's global flags and what they configure: the server URL, the API key (flag or
+// environment) and the timeout, turned into a ready Context or one clear error (exit 78).
+
+#include <string>
+#include <string_view>
+#include <tl/expected.hpp>
+
+#include "cmd/vllmctl/context.hpp"
+#include "cmd/vllmctl/output.hpp"
+
+namespace vllmd::vllmctl {
+
+inline constexpr std::string_view kDefaultServer = "http://127.0.0.1:8000";
+
+struct GlobalFlags {
+  std::string server = std::string(kDefaultServer);  // --server, else VLLMCTL_SERVER
+  std::string token_file;
+  double timeout = 300;  // vLLM's weight-sync client default
+  std::string output = "text";
+  bool quiet = false;
+  bool verbose = false;
+};
+
+// The output format -o names, or an error message.
+tl::expected<Format, std::string> parse_format(const std::string& text);
+
+// The API key: --token-file, else VLLMCTL_TOKEN or VLLMCTL_TOKEN_FILE (not both), else none.
+tl::expected<std::string, std::string> resolve_token(const GlobalFlags& flags);
+
+tl::expected<Context, std::string> make_context(const GlobalFlags& flags, const Output& output);
+
+}  // namespace vllmd::vllmctl

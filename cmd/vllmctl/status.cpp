@@ -1,0 +1,96 @@
+// status: health, engines, world size, paused and weight version in one view. Every query is
+// made (once) even when an earlier one failed, so the view shows as much as the daemon can tell.
+
+#include <optional>
+
+#include "cmd/vllmctl/commands.hpp"
+#include "cmd/vllmctl/reply.hpp"
+#include "common/api/errors.hpp"
+#include "common/wire/msgpack_to_json.hpp"
+
+namespace vllmd::vllmctl {
+
+namespace {
+
+struct Field {
+  std::string key;    // JSON key
+  std::string label;  // text label
+  std::string json = "null";
+  std::string text = {};
+  std::optional<Failure> failure = std::nullopt;
+};
+
+// status shows the state as it is now: no waiting out a 503 with retries.
+Call snapshot(api::Operation operation) {
+  Call call{operation};
+  call.retry = false;
+  return call;
+}
+
+// Queries one route and extracts `member` from its reply.
+Field query(const Context& context, api::Operation operation, std::string key, std::string label,
+            std::string_view member) {
+  Field field{std::move(key), std::move(label)};
+  auto reply = context.call(snapshot(operation));
+  if (!reply) {
+    field.failure = reply.error();
+    field.text = "unavailable: " + reply.error().message;
+    return field;
+  }
+  auto json = JsonReply::parse(reply->body);
+  field.json = json ? json->json_field(member) : "null";
+  auto text = json ? json->string_field(member) : std::nullopt;
+  field.text = text ? *text : field.json;
+  return field;
+}
+
+}  // namespace
+
+int status(const Context& context) {
+  auto health = context.call(snapshot(api::Operation::kHealth));
+  // Without an answer from the daemon there is nothing to show.
+  if (!health && !health.error().replied) {
+    context.out().error("status", health.error().message);
+    return health.error().exit_code;
+  }
+  const bool healthy = health.has_value();
+  const std::string engines = healthy ? "all ready" : health.error().message;
+
+  std::vector<Field> fields;
+  fields.push_back(
+      query(context, api::Operation::kWorldSize, "world_size", "world size", "world_size"));
+  fields.push_back(query(context, api::Operation::kIsPaused, "is_paused", "paused", "is_paused"));
+  fields.push_back(query(context, api::Operation::kWeightInfo, "weight_version", "weight version",
+                         "weight_version"));
+  Field& paused = fields[1];
+  if (!paused.failure) paused.text = paused.json == "true" ? "yes" : "no";
+
+  auto line = [](std::string_view label, std::string_view value) {
+    std::string text(label);
+    text.resize(16, ' ');
+    return text + std::string(value) + "\n";
+  };
+  std::string text = line("server", context.endpoint().url());
+  text += line("health", healthy ? "ok" : "unhealthy");
+  text += line("engines", engines);
+  std::string json = "{\"server\":" + wire::json_string(context.endpoint().url()) +
+                     ",\"healthy\":" + (healthy ? "true" : "false") +
+                     ",\"engines\":" + wire::json_string(engines);
+  std::string errors;
+  int code = healthy ? api::exit_code::kOk : health.error().exit_code;
+  for (const Field& field : fields) {
+    text += line(field.label, field.text);
+    json += ",\"" + field.key + "\":" + field.json;
+    if (!field.failure) continue;
+    errors += (errors.empty() ? "\"" : ",\"") + field.key +
+              "\":" + wire::json_string(field.failure->message);
+    if (code == api::exit_code::kOk) code = field.failure->exit_code;
+  }
+  if (!errors.empty()) json += ",\"errors\":{" + errors + "}";
+  json += "}";
+  text.pop_back();  // result() ends the block with its own newline
+  context.out().result(text, json);
+  return code;
+}
+
+}  // namespace vllmd::vllmctl

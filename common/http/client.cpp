@@ -1,0 +1,214 @@
+#include "common/http/client.hpp"
+
+#include <Poco/Exception.h>
+#include <Poco/Net/HTTPClientSession.h>
+#include <Poco/Net/HTTPRequest.h>
+#include <Poco/Net/HTTPResponse.h>
+#include <Poco/Net/SocketAddress.h>
+#include <Poco/Net/StreamSocket.h>
+#include <Poco/StreamCopier.h>
+#include <Poco/URI.h>
+
+#include <algorithm>
+#include <istream>
+#include <ostream>
+#include <thread>
+
+namespace vllmd::http {
+
+namespace {
+
+constexpr std::size_t kWriteSlice = 1 << 20;  // progress granularity for large bodies
+
+std::string seconds_text(std::chrono::milliseconds duration) {
+  const double seconds = static_cast<double>(duration.count()) / 1000.0;
+  std::string text = std::to_string(seconds);
+  text.erase(text.find_last_not_of('0') + 1);
+  if (text.back() == '.') text.pop_back();
+  return text + " s";
+}
+
+Poco::Timespan timespan(std::chrono::milliseconds duration) {
+  return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(duration.count()) * 1000);
+}
+
+TransportError failure(TransportErrorKind kind, std::string message) {
+  return TransportError{kind, std::move(message), 1};
+}
+
+// Connects by hand, so a failure here is known to have sent nothing (safe to retry), and sets
+// the socket's timeouts: HTTPClientSession applies its own only to sockets it connects itself.
+std::optional<TransportError> connect(Poco::Net::StreamSocket& socket, const Endpoint& endpoint,
+                                      std::chrono::milliseconds timeout) {
+  try {
+    socket.connect(Poco::Net::SocketAddress(endpoint.host, endpoint.port), timespan(timeout));
+    socket.setReceiveTimeout(timespan(timeout));
+    socket.setSendTimeout(timespan(timeout));
+  } catch (const Poco::TimeoutException&) {
+    return failure(
+        TransportErrorKind::kConnectFailed,
+        "cannot connect to " + endpoint.url() + ": no answer within " + seconds_text(timeout));
+  } catch (const Poco::Exception& error) {
+    return failure(TransportErrorKind::kConnectFailed,
+                   "cannot connect to " + endpoint.url() + ": " + error.displayText());
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string Endpoint::url() const {
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return scheme + "://" + (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port) + base_path;
+}
+
+tl::expected<Endpoint, std::string> parse_endpoint(std::string_view url) {
+  if (url.find("://") == std::string_view::npos) {
+    return tl::unexpected("'" + std::string(url) + "' is not a URL; expected http://HOST[:PORT]");
+  }
+  Poco::URI uri;
+  try {
+    uri = Poco::URI(std::string(url));
+  } catch (const Poco::Exception& error) {
+    return tl::unexpected("'" + std::string(url) + "' is not a valid URL: " + error.message());
+  }
+  Endpoint endpoint;
+  endpoint.scheme = uri.getScheme();
+  if (endpoint.scheme == "https") {
+    return tl::unexpected(
+        std::string("https is not supported yet; use http:// (or a local TLS proxy)"));
+  }
+  if (endpoint.scheme != "http") {
+    return tl::unexpected("unsupported scheme '" + endpoint.scheme + "' in '" + std::string(url) +
+                          "'; expected http://HOST[:PORT]");
+  }
+  endpoint.host = uri.getHost();
+  if (endpoint.host.empty()) return tl::unexpected("no host in '" + std::string(url) + "'");
+  if (!uri.getUserInfo().empty()) {
+    return tl::unexpected(
+        std::string("credentials in the URL are not supported; use a token file"));
+  }
+  if (!uri.getRawQuery().empty() || !uri.getFragment().empty()) {
+    return tl::unexpected(std::string("the server URL must not have a query or fragment"));
+  }
+  endpoint.port = uri.getPort();  // the scheme's default when none (or 0) is given
+  endpoint.base_path = uri.getPath();
+  while (!endpoint.base_path.empty() && endpoint.base_path.back() == '/') {
+    endpoint.base_path.pop_back();
+  }
+  return endpoint;
+}
+
+std::string_view kind_name(TransportErrorKind kind) {
+  switch (kind) {
+    case TransportErrorKind::kConnectFailed:
+      return "connect_failed";
+    case TransportErrorKind::kTimeout:
+      return "timeout";
+    case TransportErrorKind::kOther:
+      return "other";
+  }
+  return "other";
+}
+
+Client::Client(Endpoint endpoint, ClientOptions options)
+    : endpoint_(std::move(endpoint)), options_(std::move(options)) {}
+
+void Client::trace(const std::string& line) const {
+  if (options_.trace) options_.trace(line);
+}
+
+std::string Client::target(const Request& request) const {
+  std::string target = endpoint_.base_path + std::string(request.path);
+  char separator = '?';
+  for (const auto& [key, value] : request.query) {
+    target += separator;
+    Poco::URI::encode(key, "&=+?#", target);
+    target += '=';
+    Poco::URI::encode(value, "&=+?#", target);
+    separator = '&';
+  }
+  return target;
+}
+
+tl::expected<Reply, TransportError> Client::request(const Request& request) const {
+  const bool idempotent = request.method == "GET";
+  const int attempts = idempotent && request.retry ? 1 + std::max(0, options_.retry.retries) : 1;
+  std::chrono::milliseconds delay = options_.retry.first_delay;
+  for (int attempt_number = 1;; ++attempt_number) {
+    auto result = attempt(request);
+    const bool retryable =
+        result ? result->status == 503 : result.error().kind == TransportErrorKind::kConnectFailed;
+    if (!retryable || attempt_number >= attempts) {
+      if (!result) result.error().attempts = attempt_number;
+      return result;
+    }
+    trace("retrying in " + seconds_text(delay) + " (attempt " + std::to_string(attempt_number) +
+          " of " + std::to_string(attempts) + " failed)");
+    std::this_thread::sleep_for(delay);
+    delay *= 2;
+  }
+}
+
+tl::expected<Reply, TransportError> Client::attempt(const Request& request) const {
+  const std::string path = target(request);
+  const auto started = std::chrono::steady_clock::now();
+  trace("> " + std::string(request.method) + " " + endpoint_.url() +
+        path.substr(endpoint_.base_path.size()) +
+        (request.body ? " (" + std::to_string(request.body->size()) + " bytes)" : ""));
+
+  Poco::Net::StreamSocket socket;
+  if (auto error = connect(socket, endpoint_, options_.timeout)) return tl::unexpected(*error);
+  Poco::Net::HTTPClientSession session(socket);
+  session.setTimeout(timespan(options_.timeout));
+  session.setKeepAlive(false);
+  Poco::Net::HTTPRequest http_request(std::string(request.method), path,
+                                      Poco::Net::HTTPMessage::HTTP_1_1);
+  http_request.setHost(endpoint_.host, endpoint_.port);
+  http_request.setKeepAlive(false);
+  http_request.set("Accept", "application/json");
+  if (!options_.token.empty()) http_request.set("Authorization", "Bearer " + options_.token);
+  if (request.body) {
+    http_request.setContentType("application/json");
+    http_request.setContentLength64(static_cast<Poco::Int64>(request.body->size()));
+  }
+
+  Poco::Net::HTTPResponse response;
+  Reply reply;
+  bool sent = false;
+  try {
+    std::ostream& out = session.sendRequest(http_request);
+    out.exceptions(std::ios::badbit);  // let Poco's exception through instead of a bare badbit
+    if (request.body) {
+      const std::string_view body = *request.body;
+      for (std::size_t at = 0; at < body.size();) {
+        const std::size_t slice = std::min(kWriteSlice, body.size() - at);
+        out.write(body.data() + at, static_cast<std::streamsize>(slice));
+        at += slice;
+        if (request.progress) request.progress(at, body.size());
+      }
+      out.flush();
+    }
+    sent = true;
+    std::istream& in = session.receiveResponse(response);
+    Poco::StreamCopier::copyToString(in, reply.body);
+  } catch (const Poco::TimeoutException&) {
+    return tl::unexpected(failure(TransportErrorKind::kTimeout,
+                                  std::string(sent ? "no reply" : "could not send the request") +
+                                      " within " + seconds_text(options_.timeout)));
+  } catch (const Poco::Exception& error) {
+    return tl::unexpected(failure(TransportErrorKind::kOther,
+                                  std::string(sent ? "reading the reply" : "sending the request") +
+                                      " failed: " + error.displayText()));
+  } catch (const std::exception& error) {
+    return tl::unexpected(failure(TransportErrorKind::kOther, error.what()));
+  }
+  reply.status = static_cast<int>(response.getStatus());
+  const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - started);
+  trace("< " + std::to_string(reply.status) + " " + response.getReason() + " (" +
+        std::to_string(reply.body.size()) + " bytes, " + std::to_string(elapsed.count()) + " ms)");
+  return reply;
+}
+
+}  // namespace vllmd::http

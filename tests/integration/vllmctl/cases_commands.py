@@ -1,0 +1,169 @@
+"""Every command against a real vllmd with its embedded engine, in text and json output."""
+
+import json
+import os
+import pty
+import subprocess
+
+from ctl_harness import INIT_INFO, CtlTestCase, update_info
+
+
+class CommandsTest(CtlTestCase):
+    def setUp(self):
+        super().setUp()
+        self.daemon = self.start_daemon()
+        self.init = self.write("init.json", INIT_INFO)
+        self.chunk1 = self.write("chunk1.json", update_info("a", "b"))
+        self.chunk2 = self.write("chunk2.json", [update_info("c")])  # per-worker list
+
+    def version(self):
+        return self.daemon.get("/weight_info").json()["weight_version"]
+
+    def paused(self):
+        return self.daemon.get("/is_paused").json()["is_paused"]
+
+    def test_health(self):
+        self.assertEqual(self.assert_ok(self.ctl("health")).stdout, "healthy\n")
+        self.assertEqual(self.json_lines(self.assert_ok(self.ctl("-o", "json", "health"))),
+                         [{"healthy": True}])
+
+    def test_status_text_and_json(self):
+        text = self.assert_ok(self.ctl("status")).stdout
+        self.assertRegex(text, r"(?m)^health\s+ok$")
+        self.assertRegex(text, r"(?m)^engines\s+all ready$")
+        self.assertRegex(text, r"(?m)^world size\s+1$")
+        self.assertRegex(text, r"(?m)^paused\s+no$")
+        self.assertRegex(text, r"(?m)^weight version\s+default$")
+        self.assertIn(self.server, text)
+        self.assert_ok(self.ctl("pause"))
+        self.assert_ok(self.ctl("weights", "set-version", "step-3"))
+        status = self.json_lines(self.assert_ok(self.ctl("-o", "json", "status")))
+        self.assertEqual(status, [{"server": self.server, "healthy": True,
+                                   "engines": "all ready", "world_size": 1, "is_paused": True,
+                                   "weight_version": "step-3"}])
+
+    def test_lifecycle_text(self):
+        self.assertEqual(self.assert_ok(self.ctl("weights", "init", "--info", "init.json")).stdout,
+                         "weight transfer initialized (init.json)\n")
+        self.assertEqual(self.assert_ok(self.ctl("weights", "start")).stdout,
+                         "weight update started\n")
+        result = self.assert_ok(self.ctl("weights", "update", "--info", "chunk1.json",
+                                         "--info", self.chunk2))
+        self.assertEqual(result.stdout, "weights updated (1/2: chunk1.json)\n"
+                                        f"weights updated (2/2: {self.chunk2})\n")
+        self.assertEqual(
+            self.assert_ok(self.ctl("weights", "finish", "--version", "step-1")).stdout,
+            "weight update finished (version step-1)\n")
+        self.assertEqual(self.assert_ok(self.ctl("weights", "info")).stdout, "step-1\n")
+        self.assertEqual(self.version(), "step-1")
+
+    def test_lifecycle_json(self):
+        def one(*args):
+            documents = self.json_lines(self.assert_ok(self.ctl("-o", "json", *args)))
+            self.assertEqual(len(documents), 1, documents)
+            return documents[0]
+
+        self.assertEqual(one("weights", "init", "--info", self.init),
+                         {"message": "Weight transfer initialized"})
+        self.assertEqual(one("weights", "start"), {"message": "Weight update started"})
+        self.assertEqual(
+            self.json_lines(self.assert_ok(self.ctl("-o", "json", "weights", "update", "--info",
+                                                    self.chunk1, "--info", self.chunk2))),
+            [{"message": "Weights updated"}] * 2)
+        self.assertEqual(one("weights", "finish"), {"message": "Weight update finished"})
+        self.assertEqual(self.version(), "default")  # no version given: none committed
+        self.assertEqual(one("weights", "set-version", "v2"),
+                         {"success": True, "new_version": "v2"})
+        self.assertEqual(one("weights", "info"), {"weight_version": "v2"})
+        self.assertEqual(one("world-size"), {"world_size": 1})
+        self.assertEqual(one("world-size", "--no-dp"), {"world_size": 1})
+        self.assertEqual(one("pause", "--mode", "wait"), {"status": "paused"})
+        self.assertEqual(one("resume"), {"status": "resumed"})
+
+    def test_global_flags_after_the_command(self):
+        result = self.assert_ok(self.ctl("weights", "info", "-o", "json"))
+        self.assertEqual(self.json_lines(result), [{"weight_version": "default"}])
+
+    def test_start_draft_and_finish_without_version(self):
+        self.assertEqual(self.assert_ok(self.ctl("weights", "start", "--draft")).stdout,
+                         "draft weight update started\n")
+        self.assertEqual(self.assert_ok(self.ctl("weights", "finish")).stdout,
+                         "weight update finished\n")
+        self.assertEqual(self.version(), "default")
+
+    def test_set_version_and_world_size_text(self):
+        self.assertEqual(self.assert_ok(self.ctl("weights", "set-version", "x y")).stdout,
+                         "weight version set to x y\n")
+        self.assertEqual(self.version(), "x y")
+        self.assertEqual(self.assert_ok(self.ctl("world-size")).stdout, "1\n")
+        self.assertEqual(self.assert_ok(self.ctl("world-size", "--no-dp")).stdout, "1\n")
+
+    def test_pause_and_resume(self):
+        for mode in ("abort", "wait", "keep"):
+            with self.subTest(mode=mode):
+                self.assertEqual(
+                    self.assert_ok(self.ctl("pause", "--mode", mode, "--keep-cache")).stdout,
+                    "generation paused\n")
+                self.assertTrue(self.paused())
+                self.assertEqual(self.assert_ok(self.ctl("resume")).stdout,
+                                 "generation resumed\n")
+                self.assertFalse(self.paused())
+        self.assert_ok(self.ctl("pause"))
+        self.assertTrue(self.paused())
+
+    def test_info_from_stdin(self):
+        with open(self.init, "rb") as handle:
+            result = self.assert_ok(self.ctl("weights", "init", "--info", "-", stdin=handle))
+        self.assertEqual(result.stdout, "weight transfer initialized (stdin)\n")
+        self.assert_ok(self.ctl("weights", "start"))
+        result = self.ctl("weights", "update", "--info", "-",
+                          input=json.dumps(update_info("x")))
+        self.assertEqual(self.assert_ok(result).stdout, "weights updated (stdin)\n")
+        self.assert_ok(self.ctl("weights", "finish", "--version", "from-stdin"))
+        self.assertEqual(self.version(), "from-stdin")
+
+    def test_terminal_stdin_is_refused(self):
+        leader, follower = pty.openpty()
+        try:
+            result = self.ctl("weights", "init", "--info", "-", stdin=follower)
+        finally:
+            os.close(leader)
+            os.close(follower)
+        self.assert_exit(result, 64, ["terminal", "init_info"])
+
+    def test_quiet_prints_nothing(self):
+        for args in (["health"], ["status"], ["weights", "init", "--info", self.init],
+                     ["weights", "info"], ["-o", "json", "world-size"]):
+            with self.subTest(args=args):
+                result = self.assert_ok(self.ctl("-q", *args))
+                self.assertEqual((result.stdout, result.stderr), ("", ""))
+
+    def test_verbose_traces_requests_on_stderr(self):
+        result = self.assert_ok(self.ctl("-v", "weights", "init", "--info", "init.json"))
+        self.assertEqual(result.stdout, "weight transfer initialized (init.json)\n")
+        self.assertIn(f"> POST {self.server}/init_weight_transfer_engine", result.stderr)
+        self.assertIn("< 200", result.stderr)
+
+    def test_large_update_file(self):
+        names = [f"model.layers.{i}.mlp.experts.weight" for i in range(200_000)]
+        path = self.write("large.json", update_info(*names))
+        self.assertGreater(os.path.getsize(path), 8 << 20)
+        self.assert_ok(self.ctl("weights", "init", "--info", self.init))
+        self.assert_ok(self.ctl("weights", "start"))
+        self.assertEqual(self.assert_ok(self.ctl("weights", "update", "--info", path)).stdout,
+                         f"weights updated ({path})\n")
+        self.assert_ok(self.ctl("weights", "finish", "--version", "big"))
+        self.assertEqual(self.version(), "big")
+
+    def test_token_is_sent_when_auth_is_off(self):
+        # A configured token does not hurt a daemon without API keys.
+        self.assert_ok(self.ctl("weights", "info", env={"VLLMCTL_TOKEN": "unused"}))
+
+
+class CompletionCommandTest(CtlTestCase):
+    def test_completion_needs_no_server(self):
+        result = self.ctl("completion", "bash", server=False,
+                          env={"VLLMCTL_SERVER": "not even a url"})
+        self.assertIn("complete -F _vllmctl vllmctl", self.assert_ok(result).stdout)
+        self.assertEqual(subprocess.run(["bash", "-n"], input=result.stdout, text=True).returncode,
+                         0)

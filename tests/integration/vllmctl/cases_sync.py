@@ -1,0 +1,176 @@
+"""weights sync: the whole lifecycle in one command, and what happens when a step fails:
+generation is resumed, the version is not committed, the failed step is named, and the exit
+code is that step's."""
+
+import os
+import pty
+import subprocess
+
+from ctl_harness import INIT_INFO, CtlTestCase, binary, call_names, clean_env, read_record, \
+    update_info
+
+QUERIES = ("get_weight_version", "is_scheduler_paused")
+
+
+class SyncTest(CtlTestCase):
+    def setUp(self):
+        super().setUp()
+        self.write("init.json", INIT_INFO)
+        self.write("a.json", update_info("a"))
+        self.write("b.json", [update_info("b")])
+
+    def engine_calls(self, engine):
+        return call_names(call for call in read_record(engine.record)
+                          if call["method"] not in QUERIES)
+
+    def assert_resumed_and_unversioned(self, daemon, version="default"):
+        self.assertEqual(daemon.get("/is_paused").json(), {"is_paused": False})
+        self.assertEqual(daemon.get("/weight_info").json(), {"weight_version": version})
+
+    def test_sync_runs_every_step_in_order(self):
+        daemon, engine = self.start_external()
+        result = self.assert_ok(self.ctl("weights", "sync", "--init", "init.json", "--update",
+                                         "a.json", "--update", "b.json", "--version", "step-7"))
+        self.assertEqual(result.stdout.splitlines(), [
+            "weight transfer initialized (init.json)",
+            "generation paused",
+            "weight update started",
+            "weights updated (1/2: a.json)",
+            "weights updated (2/2: b.json)",
+            "weight update finished (version step-7)",
+            "generation resumed",
+        ])
+        self.assertEqual(self.engine_calls(engine), [
+            "init_weight_transfer_engine", "pause_scheduler", "start_weight_update",
+            "update_weights", "update_weights", "finish_weight_update", "set_weight_version",
+            "resume_scheduler"])
+        self.assert_resumed_and_unversioned(daemon, "step-7")
+
+    def test_sync_json_prints_one_document_per_step(self):
+        daemon = self.start_daemon()
+        result = self.assert_ok(self.ctl("-o", "json", "weights", "sync", "--init", "init.json",
+                                         "--update", "a.json", "--version", "v1"))
+        self.assertEqual(self.json_lines(result), [
+            {"message": "Weight transfer initialized"}, {"status": "paused"},
+            {"message": "Weight update started"}, {"message": "Weights updated"},
+            {"message": "Weight update finished"}, {"status": "resumed"}])
+        self.assert_resumed_and_unversioned(daemon, "v1")
+        # Repeatable: the next step's sync works on the same session state.
+        self.assert_ok(self.ctl("-q", "weights", "sync", "--init", "init.json", "--update",
+                                "b.json", "--version", "v2"))
+        self.assertEqual(daemon.get("/weight_info").json(), {"weight_version": "v2"})
+
+    def test_sync_without_version_or_pause(self):
+        daemon, engine = self.start_external()
+        self.assert_ok(self.ctl("weights", "sync", "--no-pause", "--init", "init.json",
+                                "--update", "a.json"))
+        self.assertEqual(self.engine_calls(engine), [
+            "init_weight_transfer_engine", "start_weight_update", "update_weights",
+            "finish_weight_update"])
+        self.assert_resumed_and_unversioned(daemon)
+
+    def test_failed_update_still_resumes_and_commits_nothing(self):
+        daemon, engine = self.start_external("--inject-fail", "update_weights")
+        self.assert_ok(self.ctl("weights", "set-version", "before"))
+        result = self.assert_exit(
+            self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json", "--update",
+                     "b.json", "--version", "after"),
+            70, ["vllmctl: weights sync: update (1/2: a.json): failed to call update_weights",
+                 "injected failure",
+                 "failed at update (1/2: a.json); weight version not committed; "
+                 "generation resumed"])
+        self.assertEqual(result.stdout.splitlines()[-1], "generation resumed")
+        calls = self.engine_calls(engine)
+        self.assertEqual(calls[-3:], ["start_weight_update", "update_weights",
+                                      "resume_scheduler"])
+        self.assertNotIn("finish_weight_update", calls)
+        self.assertEqual(calls.count("update_weights"), 1)
+        self.assert_resumed_and_unversioned(daemon, "before")
+
+    def test_second_update_rejected_by_the_engine(self):
+        daemon = self.start_daemon()
+        self.write("names-only.json", {"names": ["a"]})  # valid JSON, but not for the engine
+        result = self.assert_exit(
+            self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json", "--update",
+                     "names-only.json", "--version", "never"),
+            70, "weights sync: update (2/2: names-only.json): failed to call update_weights")
+        self.assertIn("weights updated (1/2: a.json)", result.stdout)
+        self.assertNotIn("finished", result.stdout)
+        self.assert_resumed_and_unversioned(daemon)
+        # The engine abandoned the session, so the next sync starts cleanly.
+        self.assert_ok(self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json",
+                                "--version", "next"))
+        self.assert_resumed_and_unversioned(daemon, "next")
+
+    def test_failed_pause_still_resumes(self):
+        daemon, engine = self.start_external("--inject-fail", "pause_scheduler")
+        self.assert_exit(self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json",
+                                  "--version", "v"),
+                         70, ["weights sync: pause: ", "failed at pause"])
+        self.assertEqual(self.engine_calls(engine), [
+            "init_weight_transfer_engine", "pause_scheduler", "resume_scheduler"])
+        self.assert_resumed_and_unversioned(daemon)
+
+    def test_failed_finish_commits_nothing(self):
+        daemon, engine = self.start_external("--inject-fail", "finish_weight_update")
+        self.assert_exit(self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json",
+                                  "--version", "v"),
+                         70, "failed at finish (version v)")
+        calls = self.engine_calls(engine)
+        self.assertNotIn("set_weight_version", calls)
+        self.assertEqual(calls[-1], "resume_scheduler")
+        self.assert_resumed_and_unversioned(daemon)
+
+    def test_failed_init_does_not_pause(self):
+        daemon, engine = self.start_external("--inject-fail", "init_weight_transfer_engine")
+        self.assert_exit(self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json"),
+                         70, "failed at init (init.json); generation was not paused")
+        self.assertEqual(self.engine_calls(engine), ["init_weight_transfer_engine"])
+        self.assert_resumed_and_unversioned(daemon)
+
+    def test_bad_local_file_fails_before_any_call(self):
+        daemon, engine = self.start_external()
+        self.write("bad.json", "[1]")
+        self.assert_exit(self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json",
+                                  "--update", "bad.json"),
+                         65, ["weights sync: bad.json", "update_info"])
+        self.assert_exit(self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json",
+                                  "--update", "gone.json"), 66, "gone.json")
+        self.assertEqual(self.engine_calls(engine), [])
+        self.assert_resumed_and_unversioned(daemon)
+
+    def test_update_from_stdin(self):
+        daemon = self.start_daemon()
+        with open(f"{self.workdir}/b.json", "rb") as handle:
+            self.assert_ok(self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json",
+                                    "--update", "-", "--version", "s", stdin=handle))
+        self.assert_resumed_and_unversioned(daemon, "s")
+
+    def test_progress_is_shown_on_a_terminal_only(self):
+        self.start_daemon()
+        argv = [binary("VLLMCTL_BIN"), "--server", self.server, "weights", "sync", "--init",
+                "init.json", "--update", "a.json", "--update", "b.json"]
+        leader, follower = pty.openpty()
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=follower, cwd=self.workdir, env=clean_env())
+        os.close(follower)
+        terminal = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the last writer closed the terminal
+                break
+            if not chunk:
+                break
+            terminal += chunk
+        os.close(leader)
+        self.assertEqual(process.wait(timeout=60), 0, terminal)
+        process.stdout.close()
+        text = terminal.decode()
+        for label in ("init.json", "1/2: a.json", "2/2: b.json"):
+            self.assertIn(f"vllmctl: sent {label} (", text)
+        self.assertIn("waiting for the server", text)
+        # Not on a pipe.
+        piped = self.assert_ok(self.ctl("weights", "sync", "--init", "init.json", "--update",
+                                        "a.json"))
+        self.assertEqual(piped.stderr, "")
