@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/engine/client_impl.hpp"
+#include "common/util/duration.hpp"
 #include "common/util/log.hpp"
 
 namespace vllmd::engine {
@@ -15,14 +16,6 @@ namespace {
 constexpr int kMaxPollMs = 250;
 constexpr std::size_t kDrainBatch = 256;    // messages per socket per loop, for fairness
 constexpr std::size_t kRememberTimedOut = 64;
-
-std::string seconds_text(std::chrono::milliseconds duration) {
-  const double seconds = static_cast<double>(duration.count()) / 1000.0;
-  std::string text = std::to_string(seconds);
-  text.erase(text.find_last_not_of('0') + 1);
-  if (text.back() == '.') text.pop_back();
-  return text + " s";
-}
 
 // Receives one multipart message without blocking; extra frames beyond `frames` are dropped.
 bool receive(zmq::socket_t& socket, std::vector<zmq::message_t>& parts, std::size_t frames) {

@@ -14,19 +14,13 @@
 #include <ostream>
 #include <thread>
 
+#include "common/util/duration.hpp"
+
 namespace vllmd::http {
 
 namespace {
 
 constexpr std::size_t kWriteSlice = 1 << 20;  // progress granularity for large bodies
-
-std::string seconds_text(std::chrono::milliseconds duration) {
-  const double seconds = static_cast<double>(duration.count()) / 1000.0;
-  std::string text = std::to_string(seconds);
-  text.erase(text.find_last_not_of('0') + 1);
-  if (text.back() == '.') text.pop_back();
-  return text + " s";
-}
 
 Poco::Timespan timespan(std::chrono::milliseconds duration) {
   return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(duration.count()) * 1000);
