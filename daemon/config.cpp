@@ -107,6 +107,13 @@ const std::vector<Setting>& settings() {
          return positive(c.keep_alive_timeout);
        },
        [](const Config& c) -> Value { return c.keep_alive_timeout; }},
+      {"server.drain_timeout", "", "VLLMD_DRAIN_TIMEOUT", Kind::kDouble,
+       "seconds requests in flight at shutdown may take before they fail with 503",
+       [](Config& c, const Value& v) {
+         c.drain_timeout = as<double>(v);
+         return positive(c.drain_timeout);
+       },
+       [](const Config& c) -> Value { return c.drain_timeout; }},
       {"server.max_body_bytes", "--max-body-bytes", "VLLMD_MAX_BODY_BYTES", Kind::kInt,
        "largest request body accepted (413 beyond)",
        [](Config& c, const Value& v) {

@@ -24,6 +24,7 @@ struct Config {
   int max_queued = 64;
   double timeout = 10;             // seconds a connection may sit idle mid-request
   double keep_alive_timeout = 5;   // seconds an idle keep-alive connection is kept
+  double drain_timeout = 30;       // seconds in-flight requests get at shutdown
   std::int64_t max_body_bytes = 128LL << 20;
   std::vector<std::string> api_keys;
   std::string api_key_file;

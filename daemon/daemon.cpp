@@ -201,7 +201,16 @@ int run(int argc, const char* const* argv) {
     break;
   }
   notifier.stopping();
-  server->stop(30);
+  // Drain: no new connections; calls in flight may finish until the deadline, then the engine
+  // link closes so they fail with 503 rather than being cut off without an answer.
+  server->stop_accepting();
+  if (!server->wait_idle(config.drain_timeout)) {
+    log::warning("requests still in flight after ", config.drain_timeout,
+                 " s; failing them with 503");
+    (*engines)->client().close();
+    server->wait_idle(2);
+  }
+  server->abort();
   server.reset();
   engines->reset();
   log::notice("stopped");

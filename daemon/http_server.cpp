@@ -210,14 +210,20 @@ void HttpServer::start() { server_->start(); }
 
 std::uint16_t HttpServer::port() const { return server_->port(); }
 
-void HttpServer::stop(double drain_seconds) {
-  server_->stopAll(false);
+// TCPServer::stop only closes the acceptor. HTTPServer::stopAll(false) would also wait,
+// holding the caller, until every request in flight has finished: no deadline possible.
+void HttpServer::stop_accepting() { server_->stop(); }
+
+bool HttpServer::wait_idle(double seconds) const {
   const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<long>(drain_seconds * 1000));
-  while (server_->currentConnections() > 0 && std::chrono::steady_clock::now() < deadline) {
+                        std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+  while (server_->currentConnections() > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  server_->stopAll(true);
+  return true;
 }
+
+void HttpServer::abort() { server_->stopAll(true); }
 
 }  // namespace vllmd::daemon

@@ -52,8 +52,11 @@ class HttpServer {
   ~HttpServer();
   void start();
   std::uint16_t port() const;
-  // Stops accepting, lets in-flight requests finish until `drain_seconds`, then stops.
-  void stop(double drain_seconds);
+  // Stops accepting; requests in flight go on, keep-alive connections end after theirs.
+  void stop_accepting();
+  // Waits up to `seconds` for every connection to finish; whether they all did.
+  bool wait_idle(double seconds) const;
+  void abort();  // closes whatever is left
 
  private:
   std::unique_ptr<Poco::ThreadPool> pool_;  // before server_: outlives it

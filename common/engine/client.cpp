@@ -139,10 +139,17 @@ EngineClient::EngineClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 
 EngineClient::~EngineClient() = default;
 
-EngineClient::Impl::~Impl() {
+void EngineClient::close() { impl_->close(); }
+
+void EngineClient::Impl::close() {
+  std::lock_guard lock(close_mutex);
   stopping.store(true);
   wake();
   if (io_thread.joinable()) io_thread.join();
+}
+
+EngineClient::Impl::~Impl() {
+  close();
   if (wake_fd >= 0) ::close(wake_fd);
 }
 
@@ -155,9 +162,14 @@ void EngineClient::Impl::wake() {
 void EngineClient::Impl::submit(Submission submission) {
   {
     std::lock_guard lock(queue_mutex);
-    queue.push_back(std::move(submission));
+    if (!queue_closed) {
+      queue.push_back(std::move(submission));
+      wake();
+      return;
+    }
   }
-  wake();
+  // The IO thread is gone: nobody else will ever answer these calls.
+  fail_submission(submission, "engine client is shutting down");
 }
 
 const std::string& EngineClient::handshake_endpoint() const { return impl_->handshake_endpoint; }
@@ -210,6 +222,14 @@ std::vector<EngineReply> EngineClient::call_ranks(const std::vector<int>& ranks,
                                                   std::string_view method,
                                                   const ArgParts& args,
                                                   const CallOptions& options) {
+  if (impl_->stopping.load()) {
+    std::vector<EngineReply> replies;
+    for (const int rank : ranks) {
+      replies.push_back({rank, tl::unexpected(CallError{CallErrorKind::kUnavailable,
+                                                        "engine client is shutting down"})});
+    }
+    return replies;
+  }
   auto batch = std::make_shared<Batch>();
   batch->replies.resize(ranks.size());
   batch->filled.assign(ranks.size(), false);

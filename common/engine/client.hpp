@@ -77,7 +77,10 @@ struct CallOptions {
 class EngineClient {
  public:
   static tl::expected<std::unique_ptr<EngineClient>, std::string> create(ClientOptions options);
-  ~EngineClient();  // fails pending calls, stops the IO thread, closes sockets (linger 0)
+  ~EngineClient();  // close()
+  // Fails pending calls (unavailable), stops the IO thread and closes the sockets (linger 0);
+  // later calls fail at once. The object stays usable for status queries.
+  void close();
   EngineClient(const EngineClient&) = delete;
   EngineClient& operator=(const EngineClient&) = delete;
 

@@ -43,6 +43,8 @@ struct Submission {
   Clock::time_point deadline;
 };
 
+void fail_submission(Submission& submission, const std::string& message);
+
 struct PendingCall {
   std::shared_ptr<Batch> batch;
   std::size_t index = 0;
@@ -91,11 +93,15 @@ struct EngineClient::Impl {
 
   std::mutex queue_mutex;
   std::deque<Submission> queue;
+  bool queue_closed = false;  // the IO thread has stopped taking submissions
 
   // IO thread only.
   std::unordered_map<std::uint64_t, PendingCall> pending;
 
+  std::mutex close_mutex;
+
   ~Impl();
+  void close();
   void submit(Submission submission);
   void wake();
 

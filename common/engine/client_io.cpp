@@ -407,21 +407,21 @@ void EngineClient::Impl::expire(Clock::time_point now) {
   }
 }
 
-void EngineClient::Impl::shut_down() {
-  {
-    std::deque<Submission> taken;
-    {
-      std::lock_guard lock(queue_mutex);
-      taken.swap(queue);
-    }
-    for (Submission& submission : taken) {
-      for (OutgoingCall& call : submission.calls) {
-        submission.batch->complete(
-            call.index, tl::unexpected(CallError{CallErrorKind::kUnavailable,
-                                                 "engine client is shutting down"}));
-      }
-    }
+void fail_submission(Submission& submission, const std::string& message) {
+  for (OutgoingCall& call : submission.calls) {
+    submission.batch->complete(call.index,
+                               tl::unexpected(CallError{CallErrorKind::kUnavailable, message}));
   }
+}
+
+void EngineClient::Impl::shut_down() {
+  std::deque<Submission> taken;
+  {
+    std::lock_guard lock(queue_mutex);
+    taken.swap(queue);
+    queue_closed = true;
+  }
+  for (Submission& submission : taken) fail_submission(submission, "engine client is shutting down");
   for (auto& [id, call] : pending) {
     call.batch->complete(call.index, tl::unexpected(CallError{CallErrorKind::kUnavailable,
                                                               "engine client is shutting down"}));
