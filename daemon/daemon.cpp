@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <iostream>
 
 #include "common/api/errors.hpp"
@@ -88,11 +89,12 @@ Policy policy_of(const Config& config) { return Policy{config.max_body_bytes, co
 
 // SIGHUP: read everything again; apply what can change while running, all at once, or
 // nothing when the new configuration is invalid.
-void reload(int argc, const char* const* argv, const Config& running, ServerContext& context) {
+std::optional<std::string> reload(int argc, const char* const* argv, const Config& running,
+                                  ServerContext& context) {
   auto fresh = load_all(argc, argv);
   if (!fresh) {
     log::error("reload failed, keeping the running configuration: ", fresh.error().error.line());
-    return;
+    return fresh.error().error.line();
   }
   const Config& next = fresh->config;
   const bool restart_needed =
@@ -109,6 +111,7 @@ void reload(int argc, const char* const* argv, const Config& running, ServerCont
               " API key(s), body limit ", next.max_body_bytes, " bytes");
   context.set_policy(policy_of(next));
   apply_log_level(next);
+  return std::nullopt;
 }
 
 }  // namespace
@@ -188,13 +191,21 @@ int run(int argc, const char* const* argv) {
                     [host = config.host, port = server->port()] { return probe_server(host, port); });
   notifier.start();
 
+  // SIGHUP and POST /reload (vllmctl reload, for ExecReload=) take the same path, one at a time.
+  std::mutex reload_mutex;
+  context.reload = [&]() -> std::optional<std::string> {
+    std::lock_guard lock(reload_mutex);
+    notifier.reloading();
+    auto error = reload(argc, argv, config, context);
+    notifier.reloaded();
+    return error;
+  };
+
   for (;;) {
     int number = 0;
     if (sigwait(&signals, &number) != 0) continue;
     if (number == SIGHUP) {
-      notifier.reloading();
-      reload(argc, argv, config, context);
-      notifier.reloaded();
+      context.reload();
       continue;
     }
     log::notice("signal ", number, ": shutting down");

@@ -138,8 +138,17 @@ class RouteHandler final : public HTTPRequestHandler {
       return api::error_response(api::unauthorized("missing or invalid API key"));
     }
     if (found->operation == api::Operation::kMetrics) return metrics();
+    if (found->operation == api::Operation::kReload) return reload();
     const api::Query query = api::parse_query(uri.getRawQuery());
     return context_.service->handle(*found, query, body);
+  }
+
+  api::Response reload() const {
+    if (!context_.reload) return api::error_response(api::not_found());
+    if (auto error = context_.reload()) {
+      return api::error_response(api::invalid_configuration("reload failed: " + *error));
+    }
+    return {200, R"({"status":"reloaded"})"};
   }
 
   api::Response metrics() const {

@@ -6,7 +6,9 @@
 #include <Poco/ThreadPool.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -28,6 +30,8 @@ struct ServerContext {
   engine::EngineClient* engines = nullptr;
   Metrics* metrics = nullptr;
   const Poco::Net::HTTPServer* server = nullptr;  // for the connection gauges
+  // Reloads the configuration; the error line when the new one is invalid (nothing changed).
+  std::function<std::optional<std::string>()> reload;
   bool dev_mode = false;
   std::atomic<std::uint64_t> requests{0};
 

@@ -188,6 +188,7 @@ void define_others(CLI::App& app, Args& args, Commands& commands) {
                              status_routes + "]"),
       status);
   add(add_route_command(app, Operation::kHealth), health);
+  add(add_route_command(app, Operation::kReload), reload);
 
   commands.completion = app.add_subcommand("completion", "print a shell completion script");
   commands.completion->add_option("shell", args.shell, "bash")

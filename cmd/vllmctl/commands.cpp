@@ -46,6 +46,9 @@ std::string success_text(Operation operation, const std::optional<JsonReply>& js
     case Operation::kHealth:
       text = "healthy";
       break;
+    case Operation::kReload:
+      text = "configuration reloaded";
+      break;
     default: {
       // The message routes: the server's own words ("Weights updated"), as a status line.
       auto message = json ? json->string_field("message") : std::nullopt;
@@ -155,6 +158,10 @@ int pause(const Context& context, const std::string& mode, bool keep_cache) {
 
 int resume(const Context& context) {
   return run_step(context, "resume", Call{Operation::kResume});
+}
+
+int reload(const Context& context) {
+  return run_step(context, "reload", Call{Operation::kReload});
 }
 
 int health(const Context& context) {

@@ -20,6 +20,7 @@ int world_size(const Context& context, bool include_dp);
 int pause(const Context& context, const std::string& mode, bool keep_cache);
 int resume(const Context& context);
 int health(const Context& context);
+int reload(const Context& context);
 
 struct SyncArgs {
   std::string init;

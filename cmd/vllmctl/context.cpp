@@ -42,7 +42,7 @@ tl::expected<http::Reply, Failure> Context::call(const Call& call) const {
     }
     return tl::unexpected(Failure{exit_code_for(reply.error()), std::move(message), false});
   }
-  const int code = api::exit_code_for_status(reply->status);
+  const int code = api::exit_code_for(reply->status, error_code(*reply));
   if (code != api::exit_code::kOk) return tl::unexpected(Failure{code, error_text(*reply)});
   return std::move(*reply);
 }

@@ -32,6 +32,14 @@ std::string JsonReply::json_field(std::string_view key) const {
   return out;
 }
 
+std::string error_code(const http::Reply& reply) {
+  auto json = JsonReply::parse(reply.body);
+  const msgpack::object* error = json ? json->field("error") : nullptr;
+  const msgpack::object* code = error != nullptr ? wire::find_key(*error, "code") : nullptr;
+  auto text = code != nullptr ? wire::as_str(*code) : std::nullopt;
+  return text ? std::string(*text) : std::string();
+}
+
 std::string error_text(const http::Reply& reply) {
   // A 404 for a known route means the daemon runs without dev mode (http-api.md section 1).
   const std::string hint = reply.status == 404 ? " (is vllmd running with --dev-mode?)" : "";

@@ -34,5 +34,7 @@ class JsonReply {
 // What a failed reply says: the error's message, then " (param: X)" when it names one.
 // Falls back to the HTTP status when the body is not vllmd's error shape.
 std::string error_text(const http::Reply& reply);
+// The error's code ("invalid_configuration", ...), or empty.
+std::string error_code(const http::Reply& reply);
 
 }  // namespace vllmd::vllmctl

@@ -55,6 +55,15 @@ ApiError engine_timeout(std::string message) {
   return make(504, "server_error", "engine_timeout", std::move(message));
 }
 
+ApiError invalid_configuration(std::string message) {
+  return make(400, "invalid_request_error", "invalid_configuration", std::move(message));
+}
+
+int exit_code_for(int http_status, std::string_view error_code) {
+  if (error_code == "invalid_configuration") return exit_code::kConfig;
+  return exit_code_for_status(http_status);
+}
+
 int exit_code_for_status(int http_status) {
   if (http_status >= 200 && http_status < 300) return exit_code::kOk;
   switch (http_status) {

@@ -28,6 +28,7 @@ ApiError method_not_allowed();
 ApiError server_error(std::string message);
 ApiError engine_unavailable(std::string message);
 ApiError engine_timeout(std::string message);
+ApiError invalid_configuration(std::string message);
 
 // vllmctl exit codes (product.md): part of the CLI's interface.
 namespace exit_code {
@@ -43,5 +44,7 @@ inline constexpr int kConfig = 78;
 }  // namespace exit_code
 
 int exit_code_for_status(int http_status);
+// As exit_code_for_status, but an error's code can be more precise than its status.
+int exit_code_for(int http_status, std::string_view error_code);
 
 }  // namespace vllmd::api

@@ -119,7 +119,8 @@ Response WeightSyncService::handle(const Route& route, const Query& query, std::
     case Operation::kIsPaused:
     case Operation::kPause:
     case Operation::kResume: return read_only(route, query);
-    case Operation::kMetrics: return error_response(not_found());
+    case Operation::kMetrics:
+    case Operation::kReload: return error_response(not_found());  // the daemon's own routes
     default: return lifecycle(route, query, body);
   }
 }

@@ -22,6 +22,7 @@ enum class Operation {
   kHealth,
   kVersion,
   kMetrics,
+  kReload,
 };
 
 enum class Body {
@@ -45,7 +46,7 @@ struct Route {
   std::string_view summary;
 };
 
-inline constexpr std::array<Route, 14> kRoutes{{
+inline constexpr std::array<Route, 15> kRoutes{{
     {Operation::kInitWeightTransfer, "POST", "/init_weight_transfer_engine", true, true,
      Body::kRequired, "init_weight_transfer_engine", "collective_rpc", "init",
      "Weight transfer initialized", "weights init",
@@ -82,6 +83,9 @@ inline constexpr std::array<Route, 14> kRoutes{{
      "vllmd version (and the engines' vLLM version)"},
     {Operation::kMetrics, "GET", "/metrics", false, false, Body::kNone, "", "", "", "", "",
      "Prometheus metrics"},
+    // vllmd's own: what ExecReload= runs (through vllmctl), answering once the reload is done.
+    {Operation::kReload, "POST", "/reload", false, false, Body::kNone, "", "", "", "", "reload",
+     "reload vllmd's configuration as SIGHUP does; fails (78) and changes nothing when invalid"},
 }};
 
 // The route for a path whatever its method, or nullptr.

@@ -33,3 +33,12 @@ TEST_CASE("HTTP status to vllmctl exit code") {
   CHECK(exit_code_for_status(500) == 70);
   CHECK(exit_code_for_status(504) == 75);
 }
+
+TEST_CASE("an invalid configuration maps to 78 whatever its status") {
+  const ApiError error = invalid_configuration("reload failed: server.port: must be ...");
+  CHECK(error.status == 400);
+  CHECK(error.code == "invalid_configuration");
+  CHECK(exit_code_for(error.status, error.code) == 78);
+  CHECK(exit_code_for(400, "invalid_request_error") == 65);
+  CHECK(exit_code_for(503, "") == 69);
+}

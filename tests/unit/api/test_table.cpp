@@ -11,7 +11,8 @@ TEST_CASE("the API table: unique paths, dev gating, the always-on routes") {
     CAPTURE(route.path);
     CHECK(find_route(route.path) == &route);
     CHECK(&route_for(route.operation) == &route);
-    const bool always_on = route.path == "/health" || route.path == "/version" || route.path == "/metrics";
+    const bool always_on = route.path == "/health" || route.path == "/version" ||
+                           route.path == "/metrics" || route.path == "/reload";
     CHECK(route.dev_only == !always_on);
     CHECK((route.method == "GET" || route.method == "POST"));
     if (!route.worker_method.empty()) CHECK(route.engine_method == "collective_rpc");
