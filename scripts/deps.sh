@@ -9,6 +9,9 @@ packages=(
   doctest-dev libtomlplusplus-dev libsystemd-dev libexpected-dev
   python3 python3-zmq python3-msgpack python3-requests
   curl
+  # Man pages (mandoc -T lint) and the Debian package test: cpack's dpkg-shlibdeps, man -w,
+  # systemd-analyze verify.
+  mandoc dpkg-dev man-db systemd
 )
 
 missing=()

@@ -13,7 +13,11 @@ using engine::CallErrorKind;
 using engine::CallOptions;
 using engine::EngineReply;
 
-Response error_response(const ApiError& error) { return {error.status, error.body()}; }
+Response error_response(const ApiError& error, double engine_seconds) {
+  Response response{error.status, error.body()};
+  response.engine_seconds = engine_seconds;
+  return response;
+}
 
 namespace {
 
@@ -168,9 +172,9 @@ Response WeightSyncService::lifecycle(const Route& route, const Query&, std::str
     const std::string args = wire::encode_string_array({*version});
     FanOut set = fan_out("set_weight_version", route.metric_operation, "set_weight_version",
                          {args}, call_options);
-    if (set.error) return error_response(*set.error);
-    known_.set_version_all(*version);
     response.engine_seconds = set.seconds;
+    if (set.error) return error_response(*set.error, response.engine_seconds);
+    known_.set_version_all(*version);
     response.body = "{\"success\":true,\"new_version\":" + wire::json_string(*version) + "}";
     return response;
   }
@@ -181,7 +185,7 @@ Response WeightSyncService::lifecycle(const Route& route, const Query&, std::str
   FanOut call = fan_out(route.worker_method, route.metric_operation, route.engine_method, args,
                         call_options);
   response.engine_seconds = call.seconds;
-  if (call.error) return error_response(*call.error);
+  if (call.error) return error_response(*call.error, call.seconds);
 
   if (route.operation == Operation::kFinishWeightUpdate && version) {
     // Commit the version only now that every engine finished; a failure here is reported as
@@ -190,7 +194,7 @@ Response WeightSyncService::lifecycle(const Route& route, const Query&, std::str
     FanOut set = fan_out("set_weight_version", "set_version", "set_weight_version",
                          {version_args}, call_options);
     response.engine_seconds += set.seconds;
-    if (set.error) return error_response(*set.error);
+    if (set.error) return error_response(*set.error, response.engine_seconds);
     known_.set_version_all(*version);
   }
   response.body = message_body(route.success_message);
@@ -225,7 +229,7 @@ Response WeightSyncService::read_only(const Route& route, const Query& query) {
   }
 
   FanOut call = fan_out(route.engine_method, "", route.engine_method, {args}, call_options);
-  if (call.error) return error_response(*call.error);
+  if (call.error) return error_response(*call.error, call.seconds);
   Response response;
   response.engine_seconds = call.seconds;
 

@@ -35,7 +35,7 @@ struct Response {
   double engine_seconds = 0;  // time spent waiting for engines
 };
 
-Response error_response(const ApiError& error);
+Response error_response(const ApiError& error, double engine_seconds = 0);
 
 // The outcome of one operation that reached the engines, for the duration histogram.
 using OperationObserver = std::function<void(std::string_view operation, double seconds)>;

@@ -3,6 +3,7 @@ once; a broken configuration is refused and the old settings keep serving."""
 
 import os
 import signal
+import subprocess
 import unittest
 
 import harness
@@ -62,6 +63,34 @@ class ReloadTest(harness.DaemonTestCase):
         self.hup_and_wait_for(daemon, "configuration reloaded")
         self.assert_error(daemon.post("/init_weight_transfer_engine", json=body), 413,
                           "payload_too_large")
+
+    def vllmctl(self, daemon, *args):
+        return subprocess.run([harness.binary("VLLMCTL_BIN"), "--server", daemon.url, *args],
+                              capture_output=True, text=True, timeout=60,
+                              env=harness.clean_env())
+
+    def test_vllmctl_reload_is_synchronous_and_reports_a_bad_config_with_78(self):
+        config = self.write_config('[server]\ndev_mode = true\n')
+        daemon = self.start_daemon(["--config", config])
+        daemon.wait_healthy()
+        self.write_config('[server]\ndev_mode = true\napi_keys = ["k2"]\n')
+        # vllmctl has no key yet: /reload is protected once keys exist, but not before.
+        result = self.vllmctl(daemon, "reload")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("configuration reloaded", result.stdout)
+        # Applied when the call returned: no waiting for a log line.
+        self.assertEqual(daemon.get("/weight_info").status_code, 401)
+
+        self.write_config('[server]\ndev_mode = true\nport = "eighty"\n')
+        token = os.path.join(self.workdir, "token")
+        with open(token, "w", encoding="utf-8") as handle:
+            handle.write("k2\n")
+        result = self.vllmctl(daemon, "--token-file", token, "reload")
+        self.assertEqual(result.returncode, 78, result.stderr)
+        self.assertIn("server.port", result.stderr)
+        # Nothing changed: k2 still opens the door.
+        ok = daemon.get("/weight_info", headers={"Authorization": "Bearer k2"})
+        self.assertEqual(ok.status_code, 200)
 
 
 if __name__ == "__main__":

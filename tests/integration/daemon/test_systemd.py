@@ -121,6 +121,31 @@ class SystemdNotifyTest(harness.DaemonTestCase):
         self.assertEqual(result["body"], {"message": "Weight update started"})
         self.assertEqual(daemon.popen.wait(timeout=15), 0)
 
+    def test_requests_still_running_at_the_drain_deadline_fail_with_503(self):
+        handshake = f"tcp://{harness.HOST}:{harness.free_port()}"
+        daemon = self.start_daemon(
+            ["--dev-mode", "--engine", "external", "--handshake-address", handshake],
+            env=harness.clean_env({"VLLMD_DRAIN_TIMEOUT": "1"}))
+        self.start_engine(handshake, extra=["--inject-delay", "start_weight_update=30"])
+        daemon.wait_healthy()
+        result = {}
+
+        def call():
+            response = daemon.post("/start_weight_update")
+            result["status"] = response.status_code
+            result["body"] = response.json()
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(0.5)
+        stopped_at = time.monotonic()
+        daemon.popen.send_signal(signal.SIGTERM)
+        caller.join(timeout=15)
+        self.assertLess(time.monotonic() - stopped_at, 5)
+        self.assertEqual(result.get("status"), 503, result)
+        self.assertEqual(result["body"]["error"]["code"], "engine_unavailable")
+        self.assertEqual(daemon.popen.wait(timeout=15), 0)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -4,7 +4,8 @@ unreachable daemon (69), and the bash completion script."""
 import os
 import subprocess
 
-from ctl_harness import CtlTestCase, free_port
+from ctl_harness import CtlTestCase
+from harness import free_port
 
 COMPLETION_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
                                "cmd", "vllmctl", "vllmctl.bash-completion")
@@ -18,7 +19,7 @@ class HelpTest(CtlTestCase):
         for variable in ("VLLMCTL_SERVER", "VLLMCTL_TOKEN", "VLLMCTL_TOKEN_FILE"):
             self.assertIn(variable, result.stdout)
         for command in ("weights", "world-size", "pause", "resume", "status", "health",
-                        "completion"):
+                        "reload", "completion"):
             self.assertIn(command, result.stdout)
 
     def test_subcommand_help_exits_0_and_names_routes(self):
@@ -123,7 +124,7 @@ class CompletionTest(CtlTestCase):
     def test_completion_completes_commands_and_flags(self):
         self.assertEqual(self.complete("vllmctl", ""),
                          sorted(["weights", "world-size", "pause", "resume", "status", "health",
-                                 "completion"]))
+                                 "reload", "completion"]))
         self.assertEqual(self.complete("vllmctl", "weights", "s"),
                          ["set-version", "start", "sync"])
         self.assertEqual(self.complete("vllmctl", "--server", "http://x", "weights", "sync", "--"),

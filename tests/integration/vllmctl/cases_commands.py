@@ -5,14 +5,15 @@ import os
 import pty
 import subprocess
 
-from ctl_harness import INIT_INFO, CtlTestCase, update_info
+from ctl_harness import CtlTestCase
+from harness import NCCL_INIT_INFO, update_info
 
 
 class CommandsTest(CtlTestCase):
     def setUp(self):
         super().setUp()
         self.daemon = self.start_daemon()
-        self.init = self.write("init.json", INIT_INFO)
+        self.init = self.write("init.json", NCCL_INIT_INFO)
         self.chunk1 = self.write("chunk1.json", update_info("a", "b"))
         self.chunk2 = self.write("chunk2.json", [update_info("c")])  # per-worker list
 

@@ -5,7 +5,8 @@ import json
 import os
 import time
 
-from ctl_harness import INIT_INFO, CtlTestCase, call_names, free_port, read_record, update_info
+from ctl_harness import CtlTestCase
+from harness import NCCL_INIT_INFO, call_names, free_port, update_info
 
 
 class InputErrorTest(CtlTestCase):
@@ -32,7 +33,7 @@ class InputErrorTest(CtlTestCase):
         self.assert_exit(self.ctl("weights", "init", "--info", "-", input=""), 65, "stdin")
 
     def test_wrong_shape_exits_65_naming_the_field(self):
-        self.write("list.json", [INIT_INFO])
+        self.write("list.json", [NCCL_INIT_INFO])
         self.assert_exit(self.ctl("weights", "init", "--info", "list.json"), 65,
                          ["'init_info' must be a JSON object", "(param: init_info)"])
         for content in ("3", '"text"', "null", "[{}, 1]", "[[]]"):
@@ -48,7 +49,7 @@ class InputErrorTest(CtlTestCase):
     def test_every_file_is_checked_before_the_first_call(self):
         self.write("good.json", update_info())
         self.write("bad.json", "{")
-        self.assert_ok(self.ctl("weights", "init", "--info", self.write("i.json", INIT_INFO)))
+        self.assert_ok(self.ctl("weights", "init", "--info", self.write("i.json", NCCL_INIT_INFO)))
         self.assert_ok(self.ctl("weights", "start"))
         result = self.assert_exit(
             self.ctl("weights", "update", "--info", "good.json", "--info", "bad.json"), 65)
@@ -97,7 +98,7 @@ class ServerErrorTest(CtlTestCase):
     def test_client_timeout_exits_75(self):
         self.start_external("--inject-delay", "update_weights=5")
         self.write("update.json", update_info())
-        self.assert_ok(self.ctl("weights", "init", "--info", self.write("i.json", INIT_INFO)))
+        self.assert_ok(self.ctl("weights", "init", "--info", self.write("i.json", NCCL_INIT_INFO)))
         self.assert_ok(self.ctl("weights", "start"))
         started = time.monotonic()
         self.assert_exit(self.ctl("--timeout", "1", "weights", "update", "--info", "update.json"),
@@ -139,7 +140,7 @@ class RecordTest(CtlTestCase):
 
     def test_commands_reach_the_engine_as_expected(self):
         _, engine = self.start_external()
-        self.write("init.json", INIT_INFO)
+        self.write("init.json", NCCL_INIT_INFO)
         self.write("update.json", [update_info("w")])
         for args in (["weights", "init", "--info", "init.json"], ["weights", "start"],
                      ["weights", "update", "--info", "update.json"],
@@ -147,14 +148,14 @@ class RecordTest(CtlTestCase):
                                                                 "--keep-cache"],
                      ["resume"]):
             self.assert_ok(self.ctl(*args))
-        calls = [call for call in read_record(engine.record)
+        calls = [call for call in engine.calls()
                  if call["method"] not in ("get_weight_version", "is_scheduler_paused")]
         self.assertEqual(call_names(calls),
                          ["init_weight_transfer_engine", "start_weight_update", "update_weights",
                           "finish_weight_update", "set_weight_version", "pause_scheduler",
                           "resume_scheduler"])
-        self.assertEqual(calls[0]["args"][3], {"init_info": INIT_INFO})
+        self.assertEqual(calls[0]["args"][3], {"init_info": NCCL_INIT_INFO})
         self.assertEqual(calls[2]["args"][3], {"update_info": [update_info("w")]})
         self.assertEqual(calls[4]["args"], ["s1"])
         self.assertEqual(calls[5]["args"], ["keep", False])
-        self.assertTrue(os.path.exists(engine.record))
+        self.assertTrue(os.path.exists(engine.record_path))

@@ -5,7 +5,8 @@ import os
 import subprocess
 
 from cases_wire import FakeServer, error
-from ctl_harness import CtlTestCase, binary, call_names, clean_env, free_port, read_record
+from ctl_harness import CtlTestCase
+from harness import binary, call_names, clean_env, free_port
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples",
                       "rl_sync.sh")
@@ -36,7 +37,7 @@ class ExampleTest(CtlTestCase):
         result = self.assert_exit(self.run_script(3), 70,
                                   "step 1: sync: exit code 70; stopping")
         self.assertNotIn("retrying", result.stderr)
-        self.assertEqual(call_names(read_record(engine.record)).count("start_weight_update"), 1)
+        self.assertEqual(call_names(engine.calls()).count("start_weight_update"), 1)
         self.assertEqual(daemon.get("/is_paused").json(), {"is_paused": False})
 
     def test_retries_a_sync_that_found_the_engine_unavailable(self):

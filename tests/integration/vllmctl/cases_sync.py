@@ -6,8 +6,8 @@ import os
 import pty
 import subprocess
 
-from ctl_harness import INIT_INFO, CtlTestCase, binary, call_names, clean_env, read_record, \
-    update_info
+from ctl_harness import CtlTestCase
+from harness import NCCL_INIT_INFO, binary, call_names, clean_env, update_info
 
 QUERIES = ("get_weight_version", "is_scheduler_paused")
 
@@ -15,12 +15,12 @@ QUERIES = ("get_weight_version", "is_scheduler_paused")
 class SyncTest(CtlTestCase):
     def setUp(self):
         super().setUp()
-        self.write("init.json", INIT_INFO)
+        self.write("init.json", NCCL_INIT_INFO)
         self.write("a.json", update_info("a"))
         self.write("b.json", [update_info("b")])
 
     def engine_calls(self, engine):
-        return call_names(call for call in read_record(engine.record)
+        return call_names(call for call in engine.calls()
                           if call["method"] not in QUERIES)
 
     def assert_resumed_and_unversioned(self, daemon, version="default"):

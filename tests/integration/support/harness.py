@@ -1,9 +1,11 @@
-"""Harness for the daemon integration tests: real `vllmd` and `vllm-ref-engine` processes on
-127.0.0.1, driven over HTTP.
+"""Shared harness of the Python integration suites (daemon/ and vllmctl/): real `vllmd` and
+`vllm-ref-engine` processes on 127.0.0.1, driven over HTTP.
 
-Binary paths come from VLLMD_BIN and VLLM_REF_ENGINE_BIN (CTest sets both). Every process a
-test starts is registered with the test case and killed and reaped by pid when the test ends,
-whatever happened; children also get SIGKILL from the kernel if the test runner itself dies
+CTest puts this directory on PYTHONPATH, so the suites `import harness`; vllmctl/ctl_harness.py
+adds only what is specific to running the vllmctl binary. Binary paths come from VLLMD_BIN and
+VLLM_REF_ENGINE_BIN (and VLLMCTL_BIN for vllmctl; CTest sets them). Every process a test starts
+is registered with the test case and killed and reaped by pid when the test ends, whatever
+happened; children also get SIGKILL from the kernel if the test runner itself dies
 (PR_SET_PDEATHSIG), so nothing outlives a test. Each test gets its own temporary directory
 (port file, engine records, logs), removed afterwards.
 """
@@ -58,11 +60,11 @@ def free_port():
 
 
 def clean_env(extra=None):
-    """The environment without any variable that would change vllmd's configuration."""
+    """The environment without any variable that would configure vllmd or vllmctl."""
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith("VLLMD_") and not key.startswith("VLLM_")
+        if not key.startswith(("VLLMD_", "VLLM_", "VLLMCTL_"))
     }
     env.update(extra or {})
     return env
@@ -224,6 +226,11 @@ def wire(calls):
     return [(call["method"], call["args"]) for call in calls]
 
 
+def call_names(calls):
+    """worker_method for collective_rpc calls, the method otherwise."""
+    return [call["worker_method"] or call["method"] for call in calls]
+
+
 def rpc(worker_method, kwargs=None):
     """The collective_rpc args vllmd must send (engine-protocol.md section 5)."""
     return ("collective_rpc", [worker_method, None, [], kwargs if kwargs is not None else {}])
@@ -243,9 +250,11 @@ def update_info(*names):
 class DaemonTestCase(unittest.TestCase):
     """Gives each test a temporary directory and kills every process it started."""
 
+    workdir_prefix = "vllmd-it-"
+
     def setUp(self):
         super().setUp()
-        self.workdir = tempfile.mkdtemp(prefix="vllmd-it-")
+        self.workdir = tempfile.mkdtemp(prefix=self.workdir_prefix)
         self.addCleanup(shutil.rmtree, self.workdir, True)
         self._processes = []
         # Registered after rmtree, so it runs before it (cleanups run last-in first-out).
@@ -272,9 +281,15 @@ class DaemonTestCase(unittest.TestCase):
         self._processes.append(process)
         return process
 
-    def start_daemon(self, args, env=None, name="vllmd"):
+    def launch_daemon(self, args, env=None, name="vllmd"):
+        """vllmd with exactly `args` (plus its port flags), listening."""
         # Tracked before waiting, so a daemon that never listens is still killed.
         return self._track(Daemon(self.workdir, args, env, name)).wait_listening()
+
+    def start_daemon(self, args, env=None, name="vllmd"):
+        # Subclasses may redefine start_daemon with their own defaults; start_external below
+        # calls launch_daemon, which they leave alone.
+        return self.launch_daemon(args, env, name)
 
     def start_engine(self, handshake, **kwargs):
         return self._track(Engine(self.workdir, handshake, **kwargs))
@@ -285,7 +300,7 @@ class DaemonTestCase(unittest.TestCase):
 
         engine_extra maps a rank to extra engine flags."""
         handshake = f"tcp://{HOST}:{free_port()}"
-        daemon = self.start_daemon(
+        daemon = self.launch_daemon(
             ["--dev-mode", "--engine", "external", "--handshake-address", handshake,
              "--data-parallel-size", str(dp), *daemon_args])
         engines = [

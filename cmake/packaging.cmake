@@ -1,0 +1,75 @@
+# Installation and the Debian package: `cpack -G DEB` in the build directory produces
+# vllmd_<version>_<arch>.deb with the three binaries, the man pages, the systemd unit, the
+# bash completion and the example configuration (a conffile: upgrades keep local edits).
+# tests/integration/packaging/test_deb.py builds it and installs it into a scratch root.
+
+include(GNUInstallDirs)
+
+install(TARGETS vllmd vllmctl vllm-ref-engine RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+# Man pages, compressed as Debian policy asks (gzip -9n: no name or time stamp in the
+# output, which then only depends on the page).
+find_program(GZIP_EXECUTABLE gzip REQUIRED)
+set(compressed_pages)
+foreach(page vllmctl.1 vllmd.8 vllmd.toml.5)
+  set(source ${PROJECT_SOURCE_DIR}/man/${page})
+  set(copy ${PROJECT_BINARY_DIR}/man/${page})
+  add_custom_command(OUTPUT ${copy}.gz
+    COMMAND ${CMAKE_COMMAND} -E copy ${source} ${copy}
+    COMMAND ${GZIP_EXECUTABLE} -9nf ${copy}
+    DEPENDS ${source}
+    COMMENT "Compressing man page ${page}"
+    VERBATIM)
+  list(APPEND compressed_pages ${copy}.gz)
+  string(REGEX MATCH "[0-9]$" section ${page})
+  install(FILES ${copy}.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man${section})
+endforeach()
+add_custom_target(man_pages ALL DEPENDS ${compressed_pages})
+
+# /usr/lib/systemd/system: the same directory as /lib/systemd/system on Debian 12's merged /usr.
+install(FILES daemon/vllmd.service DESTINATION lib/systemd/system)
+install(FILES cmd/vllmctl/vllmctl.bash-completion
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions RENAME vllmctl)
+# vllmd reads /etc/vllmd/vllmd.toml whatever the prefix: an absolute destination.
+install(FILES daemon/vllmd.toml DESTINATION /etc/vllmd)
+
+set(VLLMD_PACKAGE_MAINTAINER
+  "Seed 332b952e maintainers <maintainers@users.noreply.a-seed-332b952e.example>"
+  CACHE STRING "Maintainer field of the Debian package")
+
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGE_NAME vllmd)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_CONTACT ${VLLMD_PACKAGE_MAINTAINER})
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
+  "vLLM weight-synchronization control plane (vllmd, vllmctl)")
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+# Stripped binaries: the build tree keeps the debug information.
+set(CPACK_STRIP_FILES ON)
+
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # vllmd_<version>_<arch>.deb
+set(CPACK_DEBIAN_PACKAGE_MAINTAINER ${VLLMD_PACKAGE_MAINTAINER})
+set(CPACK_DEBIAN_PACKAGE_SECTION net)
+set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
+# The library packages (libpoco*, libzmq5, libsystemd0, libtomlplusplus3, libstdc++6, libc6)
+# with the versions the binaries were linked against, from dpkg-shlibdeps (dpkg-dev).
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "bash-completion")
+# The synopsis is CPACK_PACKAGE_DESCRIPTION_SUMMARY; CPack indents these lines and turns the
+# empty one into " .".
+set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
+  "vllmd serves vLLM's dev-mode weight-sync HTTP routes (init, start, update,
+finish with a version, version queries, world size, pause, resume) and
+forwards each call to one or many vLLM engine cores over the engine-core
+ZeroMQ/msgpack protocol; a drop-in for vLLM's API server on these routes,
+managed by systemd (Type=notify).
+
+vllmctl runs the same lifecycle from shell scripts in training jobs, and
+vllm-ref-engine is a reference engine with vLLM's weight-update semantics,
+for tests without a GPU.")
+
+# The example configuration is a conffile: dpkg keeps an administrator's changes on upgrade.
+file(WRITE ${PROJECT_BINARY_DIR}/packaging/conffiles "/etc/vllmd/vllmd.toml\n")
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${PROJECT_BINARY_DIR}/packaging/conffiles)
+
+include(CPack)
