@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "common/engine/reference_core.hpp"
+#include "common/util/cidr.hpp"
 #include "common/util/log.hpp"
 
 namespace vllmd::daemon {
@@ -145,6 +146,25 @@ const std::vector<Setting>& settings() {
          return std::nullopt;
        },
        [](const Config& c) -> Value { return c.port_file; }},
+      {"server.allowlist", "--allow", "VLLMD_ALLOWLIST", Kind::kStrings,
+       "CIDR block of peers allowed on every route but /health (repeatable or comma-separated)",
+       [](Config& c, const Value& v) -> std::optional<std::string> {
+         c.allowlist = as<Strings>(v);
+         for (const std::string& block : c.allowlist) {
+           if (auto parsed = util::Cidr::parse(block); !parsed) {
+             return "invalid server.allowlist entry: " + parsed.error();
+           }
+         }
+         return std::nullopt;
+       },
+       [](const Config& c) -> Value { return c.allowlist; }},
+      {"server.insecure_dev_mode", "--insecure-dev-mode", "VLLMD_INSECURE_DEV_MODE", Kind::kBool,
+       "allow dev mode on a non-loopback address without API keys or an allowlist",
+       [](Config& c, const Value& v) -> std::optional<std::string> {
+         c.insecure_dev_mode = as<bool>(v);
+         return std::nullopt;
+       },
+       [](const Config& c) -> Value { return c.insecure_dev_mode; }},
       {"engine.mode", "--engine", "VLLMD_ENGINE", Kind::kString, "embedded|external|managed",
        [](Config& c, const Value& v) -> std::optional<std::string> {
          const std::string& mode = as<std::string>(v);
@@ -302,6 +322,20 @@ tl::expected<Value, std::string> parse_text(const Setting& setting, std::string_
     case Kind::kString: return Value(std::string(text));
     case Kind::kStrings:
       if (setting.key == "server.api_keys") return Value(Strings{std::string(text)});
+      if (setting.key == "server.allowlist") {
+        Strings blocks;
+        std::size_t start = 0;
+        while (start <= text.size()) {
+          std::size_t end = text.find(',', start);
+          if (end == std::string_view::npos) end = text.size();
+          std::string_view item = text.substr(start, end - start);
+          while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+          while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
+          if (!item.empty()) blocks.emplace_back(item);
+          start = end + 1;
+        }
+        return Value(blocks);
+      }
       return Value(split_words(text));
   }
   return tl::unexpected(std::string("unsupported setting"));
@@ -342,15 +376,8 @@ std::optional<ConfigError> apply(Config& config, const Setting& setting,
   return std::nullopt;
 }
 
-std::optional<ConfigError> apply_file(Config& config, const std::string& path) {
-  toml::table table;
-  try {
-    table = toml::parse_file(path);
-  } catch (const toml::parse_error& error) {
-    std::ostringstream where;
-    where << path << ":" << error.source().begin.line;
-    return ConfigError{where.str(), std::string(error.description())};
-  }
+// Applies a parsed TOML document's settings to `config`.
+std::optional<ConfigError> apply_table(Config& config, const toml::table& table) {
   // Unknown keys are mistakes (a typo would silently keep a default): refuse them.
   for (const auto& [section, node] : table) {
     const toml::table* inner = node.as_table();
@@ -371,6 +398,19 @@ std::optional<ConfigError> apply_file(Config& config, const std::string& path) {
       return error;
     }
   }
+  return std::nullopt;
+}
+
+std::optional<ConfigError> apply_file(Config& config, const std::string& path) {
+  toml::table table;
+  try {
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& error) {
+    std::ostringstream where;
+    where << path << ":" << error.source().begin.line;
+    return ConfigError{where.str(), std::string(error.description())};
+  }
+  if (auto error = apply_table(config, table)) return error;
   config.config_file = path;
   return std::nullopt;
 }
@@ -397,10 +437,33 @@ std::optional<ConfigError> finish(Config& config) {
   if (config.mode == EngineMode::kEmbedded && config.data_parallel_size != 1) {
     return ConfigError{"engine.data_parallel_size", "the embedded engine runs one DP rank"};
   }
+  if (config.dev_mode && !util::is_loopback_host(config.host) && config.api_keys.empty() &&
+      config.api_key_file.empty() && config.allowlist.empty() && !config.insecure_dev_mode) {
+    return ConfigError{"server.host",
+                       "dev mode on non-loopback address '" + config.host +
+                           "' with neither API keys nor an allowlist lets anyone overwrite the "
+                           "weights: set server.api_keys or server.allowlist, listen on "
+                           "127.0.0.1, or pass --insecure-dev-mode"};
+  }
   return std::nullopt;
 }
 
 }  // namespace
+
+tl::expected<Config, ConfigError> load_toml_text(std::string_view text) {
+  Config config;
+  toml::table table;
+  try {
+    table = toml::parse(text);
+  } catch (const toml::parse_error& error) {
+    std::ostringstream where;
+    where << "line " << error.source().begin.line;
+    return tl::unexpected(ConfigError{where.str(), std::string(error.description())});
+  }
+  if (auto error = apply_table(config, table)) return tl::unexpected(*error);
+  if (auto error = finish(config)) return tl::unexpected(*error);
+  return config;
+}
 
 tl::expected<Invocation, LoadError> load(int argc, const char* const* argv) {
   Invocation invocation;
@@ -412,17 +475,24 @@ tl::expected<Invocation, LoadError> load(int argc, const char* const* argv) {
   app.add_flag("--check-config", invocation.check_config, "validate the configuration and exit (78 when bad)");
   app.add_flag("--version", invocation.version, "print the version and exit");
 
-  std::vector<std::pair<const Setting*, std::string>> flag_values;
+  // One slot per setting flag: boolean flags switch their setting on; --allow repeats.
+  struct FlagValue {
+    const Setting* setting = nullptr;
+    std::string text;
+    Strings texts;
+    bool on = false;
+  };
+  std::vector<FlagValue> flag_values;
   flag_values.reserve(settings().size());
-  bool dev_mode_flag = false;
   for (const Setting& setting : settings()) {
     if (setting.flag.empty()) continue;
-    if (setting.kind == Kind::kBool) {
-      app.add_flag(std::string(setting.flag), dev_mode_flag, std::string(setting.help));
-      continue;
-    }
-    flag_values.emplace_back(&setting, "");
-    app.add_option(std::string(setting.flag), flag_values.back().second, std::string(setting.help));
+    FlagValue& slot = flag_values.emplace_back();
+    slot.setting = &setting;
+    const std::string flag(setting.flag);
+    const std::string help(setting.help);
+    if (setting.kind == Kind::kBool) app.add_flag(flag, slot.on, help);
+    else if (setting.key == "server.allowlist") app.add_option(flag, slot.texts, help);
+    else app.add_option(flag, slot.text, help);
   }
   try {
     app.parse(argc, argv);
@@ -453,13 +523,24 @@ tl::expected<Invocation, LoadError> load(int argc, const char* const* argv) {
       return tl::unexpected(LoadError{*error, false});
     }
   }
-  for (const auto& [setting, text] : flag_values) {
-    if (app.count(std::string(setting->flag)) == 0) continue;
-    if (auto error = apply(config, *setting, parse_text(*setting, text), setting->flag)) {
+  for (const FlagValue& slot : flag_values) {
+    const Setting& setting = *slot.setting;
+    if (app.count(std::string(setting.flag)) == 0) continue;
+    tl::expected<Value, std::string> value;
+    if (setting.kind == Kind::kBool) {
+      if (!slot.on) continue;
+      value = Value(true);
+    } else if (setting.key == "server.allowlist") {
+      std::string joined;
+      for (const std::string& text : slot.texts) joined += (joined.empty() ? "" : ",") + text;
+      value = parse_text(setting, joined);
+    } else {
+      value = parse_text(setting, slot.text);
+    }
+    if (auto error = apply(config, setting, std::move(value), setting.flag)) {
       return tl::unexpected(LoadError{*error, false});
     }
   }
-  if (dev_mode_flag) config.dev_mode = true;
   if (auto error = finish(config)) return tl::unexpected(LoadError{*error, false});
   return invocation;
 }

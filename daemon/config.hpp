@@ -29,6 +29,8 @@ struct Config {
   std::vector<std::string> api_keys;
   std::string api_key_file;
   std::string port_file;           // written with the bound port once listening
+  std::vector<std::string> allowlist;  // CIDR blocks of allowed peers; empty: all
+  bool insecure_dev_mode = false;  // allow dev mode on a non-loopback address unprotected
   // [engine]
   EngineMode mode = EngineMode::kEmbedded;
   bool mode_set = false;
@@ -71,6 +73,10 @@ struct LoadError {
   bool usage = false;
 };
 tl::expected<Invocation, LoadError> load(int argc, const char* const* argv);
+
+// A TOML configuration document applied to the defaults, as a --config file would be (same
+// checks, same errors; syntax errors are keyed "line <n>"), without the environment or flags.
+tl::expected<Config, ConfigError> load_toml_text(std::string_view text);
 
 // The effective configuration as TOML.
 std::string to_toml(const Config& config);

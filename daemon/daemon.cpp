@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "common/api/errors.hpp"
+#include "common/util/cidr.hpp"
 #include "common/util/log.hpp"
 #include "common/version.hpp"
 #include "daemon/config.hpp"
@@ -85,7 +86,13 @@ void apply_log_level(const Config& config) {
   log::set_level(level);
 }
 
-Policy policy_of(const Config& config) { return Policy{config.max_body_bytes, config.api_keys}; }
+Policy policy_of(const Config& config) {
+  Policy policy{config.max_body_bytes, config.api_keys, {}};
+  for (const std::string& block : config.allowlist) {
+    if (auto parsed = util::Cidr::parse(block)) policy.allowlist.push_back(*parsed);  // checked at load
+  }
+  return policy;
+}
 
 // SIGHUP: read everything again; apply what can change while running, all at once, or
 // nothing when the new configuration is invalid.
@@ -100,6 +107,7 @@ std::optional<std::string> reload(int argc, const char* const* argv, const Confi
   const bool restart_needed =
       next.host != running.host || next.port != running.port ||
       next.dev_mode != running.dev_mode || next.threads != running.threads ||
+      next.insecure_dev_mode != running.insecure_dev_mode ||
       next.handshake_address != running.handshake_address || next.mode != running.mode ||
       next.data_parallel_size != running.data_parallel_size || next.command != running.command;
   if (restart_needed) {
@@ -108,7 +116,8 @@ std::optional<std::string> reload(int argc, const char* const* argv, const Confi
   }
   // Said before the new level applies, so the line survives a move to a quieter level.
   log::notice("configuration reloaded: log level ", next.log_level, ", ", next.api_keys.size(),
-              " API key(s), body limit ", next.max_body_bytes, " bytes");
+              " API key(s), ", next.allowlist.size(), " allowlist block(s), body limit ",
+              next.max_body_bytes, " bytes");
   context.set_policy(policy_of(next));
   apply_log_level(next);
   return std::nullopt;
@@ -148,6 +157,12 @@ int run(int argc, const char* const* argv) {
             config.config_file.empty() ? "" : ", config " + config.config_file);
   if (config.dev_mode) {
     log::warning("dev mode is on: the weight-sync routes can overwrite the model's weights");
+  }
+  if (config.dev_mode && !util::is_loopback_host(config.host) && config.api_keys.empty() &&
+      config.allowlist.empty()) {
+    log::warning("insecure dev mode: listening on non-loopback address ", config.host,
+                 " with neither API keys nor an allowlist; anyone who can reach it can "
+                 "overwrite the weights (server.insecure_dev_mode)");
   }
 
   auto engines = Engines::start(config);

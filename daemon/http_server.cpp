@@ -118,6 +118,21 @@ class RouteHandler final : public HTTPRequestHandler {
     std::string body;
     bool in_sync = true;
     const std::shared_ptr<const Policy> policy = context_.policy();
+    const api::Route* found = api::find_route(path);
+    // The allowlist comes first: a peer outside it gets nothing else, not even its body read.
+    const bool health = found != nullptr && found->operation == api::Operation::kHealth;
+    if (!health && !policy->allowlist.empty()) {
+      const Poco::Net::IPAddress host = request.clientAddress().host();
+      const std::optional<util::IpAddress> peer =
+          util::IpAddress::from_bytes(host.addr(), host.length());
+      if (!peer || !util::any_contains(policy->allowlist, *peer)) {
+        if (request.getContentLength64() > 0 || request.getChunkedTransferEncoding()) {
+          response.setKeepAlive(false);  // the body stays unread
+        }
+        return api::error_response(
+            api::forbidden("client address " + host.toString() + " is not allowed"));
+      }
+    }
     const bool fits = read_body(request, policy->max_body_bytes, body, in_sync);
     if (!in_sync) response.setKeepAlive(false);
     if (!fits) {
@@ -125,7 +140,6 @@ class RouteHandler final : public HTTPRequestHandler {
           "request body exceeds the limit of " + std::to_string(policy->max_body_bytes) +
           " bytes"));
     }
-    const api::Route* found = api::find_route(path);
     if (found == nullptr || (found->dev_only && !context_.dev_mode)) {
       return api::error_response(api::not_found());
     }

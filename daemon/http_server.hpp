@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/api/service.hpp"
+#include "common/util/cidr.hpp"
 #include "daemon/config.hpp"
 #include "daemon/metrics.hpp"
 
@@ -23,6 +24,7 @@ namespace vllmd::daemon {
 struct Policy {
   std::int64_t max_body_bytes = 128LL << 20;
   std::vector<std::string> api_keys;  // empty: no authentication
+  std::vector<util::Cidr> allowlist;  // peers allowed on every route but /health; empty: all
 };
 
 struct ServerContext {

@@ -12,6 +12,8 @@ packages=(
   # Man pages (mandoc -T lint) and the Debian package test: cpack's dpkg-shlibdeps, man -w,
   # systemd-analyze verify.
   mandoc dpkg-dev man-db systemd
+  # The libFuzzer targets in tests/fuzz (.ci/run's bounded fuzz step, -DVLLMD_FUZZ=ON).
+  clang-14 libclang-rt-14-dev lld-14
 )
 
 missing=()

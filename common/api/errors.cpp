@@ -38,6 +38,9 @@ ApiError json_parse_error(std::string message) {
 ApiError unauthorized(std::string message) {
   return make(401, "authentication_error", "unauthorized", std::move(message));
 }
+ApiError forbidden(std::string message) {
+  return make(403, "authentication_error", "forbidden", std::move(message));
+}
 ApiError payload_too_large(std::string message) {
   return make(413, "invalid_request_error", "payload_too_large", std::move(message));
 }

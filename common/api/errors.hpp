@@ -22,6 +22,7 @@ struct ApiError {
 ApiError invalid_request(std::string message, std::optional<std::string> param = std::nullopt);
 ApiError json_parse_error(std::string message);
 ApiError unauthorized(std::string message);
+ApiError forbidden(std::string message);  // 403: the peer's address is not allowed
 ApiError payload_too_large(std::string message);
 ApiError not_found();
 ApiError method_not_allowed();

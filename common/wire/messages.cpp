@@ -6,7 +6,6 @@ namespace vllmd::wire {
 
 namespace {
 
-constexpr char kNil = '\xc0';
 
 tl::unexpected<std::string> fail(std::string message) { return tl::unexpected(std::move(message)); }
 

@@ -1,5 +1,6 @@
 #include "common/wire/msgpack_codec.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -13,8 +14,12 @@ bool reference_everything(msgpack::type::object_type, std::size_t, void*) { retu
 tl::expected<msgpack::object_handle, std::string> decode(std::string_view bytes,
                                                          const DecodeLimits& limits) {
   if (bytes.empty()) return tl::unexpected(std::string("empty msgpack frame"));
-  const msgpack::unpack_limit unpack_limit(limits.array, limits.map, limits.str, limits.bin,
-                                           limits.ext, limits.depth);
+  // msgpack-c allocates a container's elements when it reads the header: a count can never
+  // exceed the bytes left (an element takes one byte at least, a map entry two), so capping the
+  // limits there keeps a short frame of nested huge headers from allocating gigabytes.
+  const msgpack::unpack_limit unpack_limit(std::min(limits.array, bytes.size()),
+                                           std::min(limits.map, bytes.size() / 2), limits.str,
+                                           limits.bin, limits.ext, limits.depth);
   std::size_t offset = 0;
   try {
     msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size(), offset,

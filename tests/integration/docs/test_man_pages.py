@@ -20,7 +20,8 @@ SECTIONS = ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "EXIT STATUS", "ENVIRO
 PAGES = ["vllmctl.1", "vllmd.8", "vllmd.toml.5"]
 
 # What a SIGHUP applies (daemon/daemon.cpp, reload()); every other setting needs a restart.
-RELOADABLE = {"server.max_body_bytes", "server.api_keys", "server.api_key_file", "log.level"}
+RELOADABLE = {"server.max_body_bytes", "server.api_keys", "server.api_key_file",
+              "server.allowlist", "log.level"}
 
 # vllmd's flags that are not settings.
 VLLMD_COMMAND_FLAGS = {"-h", "--help", "--config", "--print-config", "--check-config",
@@ -326,6 +327,7 @@ class ManPageTest(unittest.TestCase):
             "server.api_keys": "sample-key",
             "server.api_key_file": self.write("keys", "sample-key\n"),
             "server.port_file": os.path.join(self.workdir, "port"),
+            "server.allowlist": "10.1.0.0/16",
             "engine.mode": "embedded",
             "engine.handshake_address": "tcp://127.0.0.1:5571",
             "engine.advertised_host": "10.0.0.5",
@@ -335,6 +337,8 @@ class ManPageTest(unittest.TestCase):
         }
         if key == "server.api_keys":
             return samples[key], ["<redacted>"]
+        if key == "server.allowlist":
+            return samples[key], [samples[key]]
         if key == "engine.command":
             return samples[key], samples[key].split()
         if key in samples:

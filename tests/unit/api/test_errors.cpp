@@ -15,6 +15,11 @@ TEST_CASE("error bodies have the OpenAI shape of the Rust frontend") {
         R"("code":"json_parse_error"}})");
   CHECK(unauthorized("x").status == 401);
   CHECK(unauthorized("x").type == "authentication_error");
+  CHECK(forbidden("nope").body() ==
+        R"({"error":{"message":"nope","type":"authentication_error","param":null,)"
+        R"("code":"forbidden"}})");
+  CHECK(forbidden("x").status == 403);
+  CHECK(exit_code_for_status(forbidden("x").status) == exit_code::kUnauthorized);
   CHECK(payload_too_large("x").code == "payload_too_large");
   CHECK(server_error("x").status == 500);
   CHECK(engine_unavailable("x").code == "engine_unavailable");
