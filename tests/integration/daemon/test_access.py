@@ -29,17 +29,6 @@ def ipv6_available():
 
 class AccessTest(harness.DaemonTestCase):
 
-    def write_config(self, text):
-        path = os.path.join(self.workdir, "vllmd.toml")
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        return path
-
-    def hup_and_wait_for(self, daemon, line):
-        before = daemon.log().count(line)
-        daemon.popen.send_signal(signal.SIGHUP)
-        harness.wait_until(lambda: daemon.log().count(line) > before, 10, message=line)
-
     def run_vllmd(self, *args):
         return subprocess.run([harness.vllmd_bin(), *args], capture_output=True, text=True,
                               timeout=30, env=harness.clean_env())

@@ -10,17 +10,6 @@ import harness
 
 
 class ReloadTest(harness.DaemonTestCase):
-    def write_config(self, text):
-        path = os.path.join(self.workdir, "vllmd.toml")
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        return path
-
-    def hup_and_wait_for(self, daemon, line):
-        before = daemon.log().count(line)
-        daemon.popen.send_signal(signal.SIGHUP)
-        harness.wait_until(lambda: daemon.log().count(line) > before, 10, message=line)
-
     def test_good_config_applies_new_key_and_log_level_without_restart(self):
         config = self.write_config('[server]\ndev_mode = true\n[log]\nlevel = "info"\n')
         daemon = self.start_daemon(["--config", config])

@@ -319,6 +319,19 @@ class DaemonTestCase(unittest.TestCase):
         wait_until(healthy, 20, message=f"GET /health -> 200 (log:\n{daemon.log()})")
         return daemon, engines, handshake
 
+    def write_config(self, text, name="vllmd.toml"):
+        """Writes a vllmd TOML file in the test's directory; returns its path."""
+        path = os.path.join(self.workdir, name)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return path
+
+    def hup_and_wait_for(self, daemon, line):
+        """Sends SIGHUP and waits for one more occurrence of `line` in the daemon's log."""
+        before = daemon.log().count(line)
+        daemon.popen.send_signal(signal.SIGHUP)
+        wait_until(lambda: daemon.log().count(line) > before, 10, message=line)
+
     def assert_json(self, response, status, body):
         """The response has this status and exactly this JSON body."""
         self.assertEqual(response.status_code, status, response.text)
