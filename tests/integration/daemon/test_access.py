@@ -7,8 +7,6 @@ Dev mode on a non-loopback address with neither keys nor an allowlist is refused
 Traffic only ever goes to loopback: a daemon bound to 0.0.0.0 is reached via 127.0.0.1 and
 stopped right away."""
 
-import os
-import signal
 import socket
 import subprocess
 import unittest

@@ -2,7 +2,6 @@
 once; a broken configuration is refused and the old settings keep serving."""
 
 import os
-import signal
 import subprocess
 import unittest
 
