@@ -101,7 +101,6 @@ class RouteHandler final : public HTTPRequestHandler {
     } catch (const std::exception& error) {
       log::debug("could not send the response: ", error.what());
     }
-    ++context_.requests;
     if (context_.metrics != nullptr) context_.metrics->count_request(path, reply.status);
     const double total_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();

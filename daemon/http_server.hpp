@@ -35,7 +35,6 @@ struct ServerContext {
   // Reloads the configuration; the error line when the new one is invalid (nothing changed).
   std::function<std::optional<std::string>()> reload;
   bool dev_mode = false;
-  std::atomic<std::uint64_t> requests{0};
 
   std::shared_ptr<const Policy> policy() const {
     std::lock_guard lock(policy_mutex);
