@@ -53,6 +53,22 @@ class NotifySocket:
         self.sock.close()
 
 
+def start_blocked_call(daemon):
+    """POST /start_weight_update on a thread; returns once the call is blocked in the engine
+    (which delays it). The result dict gets the status and JSON body when it completes."""
+    result = {}
+
+    def call():
+        response = daemon.post("/start_weight_update")
+        result["status"] = response.status_code
+        result["body"] = response.json()
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.5)
+    return caller, result
+
+
 class SystemdNotifyTest(harness.DaemonTestCase):
     def notify_socket(self):
         notify = NotifySocket(os.path.join(self.workdir, "notify.sock"))
@@ -104,16 +120,7 @@ class SystemdNotifyTest(harness.DaemonTestCase):
         self.start_engine(handshake, extra=["--inject-delay", "start_weight_update=2"])
         notify.first("READY")
 
-        result = {}
-
-        def call():
-            response = daemon.post("/start_weight_update")
-            result["status"] = response.status_code
-            result["body"] = response.json()
-
-        caller = threading.Thread(target=call)
-        caller.start()
-        time.sleep(0.5)  # the call is now blocked in the engine
+        caller, result = start_blocked_call(daemon)
         daemon.popen.send_signal(signal.SIGTERM)
         notify.first("STOPPING", timeout=5)
         caller.join(timeout=10)
@@ -128,16 +135,7 @@ class SystemdNotifyTest(harness.DaemonTestCase):
             env=harness.clean_env({"VLLMD_DRAIN_TIMEOUT": "1"}))
         self.start_engine(handshake, extra=["--inject-delay", "start_weight_update=30"])
         daemon.wait_healthy()
-        result = {}
-
-        def call():
-            response = daemon.post("/start_weight_update")
-            result["status"] = response.status_code
-            result["body"] = response.json()
-
-        caller = threading.Thread(target=call)
-        caller.start()
-        time.sleep(0.5)
+        caller, result = start_blocked_call(daemon)
         stopped_at = time.monotonic()
         daemon.popen.send_signal(signal.SIGTERM)
         caller.join(timeout=15)
