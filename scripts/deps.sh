@@ -14,6 +14,8 @@ packages=(
   mandoc dpkg-dev man-db systemd
   # The libFuzzer targets in tests/fuzz (.ci/run's bounded fuzz step, -DVLLMD_FUZZ=ON).
   clang-14 libclang-rt-14-dev lld-14
+  # Benchmarks (tests/bench): the simdjson floor, the FastAPI + uvicorn baseline, wrk load.
+  libsimdjson-dev python3-fastapi python3-uvicorn python3-uvloop python3-httptools wrk
 )
 
 missing=()
