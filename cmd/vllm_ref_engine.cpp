@@ -35,6 +35,7 @@ struct Flags {
   std::vector<std::string> fail;
   std::vector<std::string> delay;  // METHOD=SECONDS
   std::vector<std::string> exit_silently;
+  std::vector<std::string> garbage;
   std::vector<std::string> send_dead;
   std::string record;
   std::string log_level = "info";
@@ -114,6 +115,11 @@ void define_flags(CLI::App& app, Flags& flags) {
       ->type_name("METHOD")
       ->allow_extra_args(false)
       ->group(faults);
+  app.add_option("--inject-garbage", flags.garbage,
+                 "Send malformed output frames before replying to METHOD (repeatable)")
+      ->type_name("METHOD")
+      ->allow_extra_args(false)
+      ->group(faults);
   app.add_option("--inject-dead", flags.send_dead,
                  "Send ENGINE_CORE_DEAD and exit on METHOD (repeatable)")
       ->type_name("METHOD")
@@ -177,6 +183,7 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   options.faults.fail.insert(flags.fail.begin(), flags.fail.end());
   options.faults.exit_silently.insert(flags.exit_silently.begin(), flags.exit_silently.end());
   options.faults.send_dead.insert(flags.send_dead.begin(), flags.send_dead.end());
+  options.faults.garbage.insert(flags.garbage.begin(), flags.garbage.end());
   for (const std::string& text : flags.delay) {
     std::string method;
     std::chrono::milliseconds delay{};

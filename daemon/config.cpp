@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <sstream>
 #include <toml++/toml.h>
@@ -88,12 +89,40 @@ const std::vector<Setting>& settings() {
        },
        [](const Config& c) -> Value { return std::int64_t{c.threads}; }},
       {"server.max_queued", "", "VLLMD_MAX_QUEUED", Kind::kInt,
-       "accepted connections waiting for a worker",
+       "complete requests waiting for a worker (503 beyond)",
        [](Config& c, const Value& v) {
          c.max_queued = static_cast<int>(as<std::int64_t>(v));
          return in_range(as<std::int64_t>(v), 1, 100000);
        },
        [](const Config& c) -> Value { return std::int64_t{c.max_queued}; }},
+      {"server.max_connections", "", "VLLMD_MAX_CONNECTIONS", Kind::kInt,
+       "open connections, idle ones included (closed with 503 beyond)",
+       [](Config& c, const Value& v) {
+         c.max_connections = static_cast<int>(as<std::int64_t>(v));
+         return in_range(as<std::int64_t>(v), 1, 1000000);
+       },
+       [](const Config& c) -> Value { return std::int64_t{c.max_connections}; }},
+      {"server.max_header_bytes", "", "VLLMD_MAX_HEADER_BYTES", Kind::kInt,
+       "largest request line plus headers (431 beyond)",
+       [](Config& c, const Value& v) {
+         c.max_header_bytes = static_cast<int>(as<std::int64_t>(v));
+         return in_range(as<std::int64_t>(v), 1024, 1 << 20);
+       },
+       [](const Config& c) -> Value { return std::int64_t{c.max_header_bytes}; }},
+      {"server.tls_cert_file", "--tls-cert-file", "VLLMD_TLS_CERT_FILE", Kind::kString,
+       "PEM certificate (chain) for HTTPS; with server.tls_key_file",
+       [](Config& c, const Value& v) -> std::optional<std::string> {
+         c.tls_cert_file = as<std::string>(v);
+         return std::nullopt;
+       },
+       [](const Config& c) -> Value { return c.tls_cert_file; }},
+      {"server.tls_key_file", "--tls-key-file", "VLLMD_TLS_KEY_FILE", Kind::kString,
+       "PEM private key for HTTPS; with server.tls_cert_file",
+       [](Config& c, const Value& v) -> std::optional<std::string> {
+         c.tls_key_file = as<std::string>(v);
+         return std::nullopt;
+       },
+       [](const Config& c) -> Value { return c.tls_key_file; }},
       {"server.timeout", "", "VLLMD_TIMEOUT", Kind::kDouble,
        "seconds a client may stall mid-request",
        [](Config& c, const Value& v) {
@@ -436,6 +465,15 @@ std::optional<ConfigError> finish(Config& config) {
   }
   if (config.mode == EngineMode::kEmbedded && config.data_parallel_size != 1) {
     return ConfigError{"engine.data_parallel_size", "the embedded engine runs one DP rank"};
+  }
+  if (config.tls_cert_file.empty() && !config.tls_key_file.empty()) {
+    return ConfigError{"server.tls_cert_file", "required with server.tls_key_file"};
+  }
+  for (const auto& [key, path] : {std::pair{"server.tls_cert_file", &config.tls_cert_file},
+                                  std::pair{"server.tls_key_file", &config.tls_key_file}}) {
+    if (!path->empty() && !std::ifstream(*path)) {
+      return ConfigError{key, "cannot read '" + *path + "'"};
+    }
   }
   if (config.dev_mode && !util::is_loopback_host(config.host) && config.api_keys.empty() &&
       config.api_key_file.empty() && config.allowlist.empty() && !config.insecure_dev_mode) {

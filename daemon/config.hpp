@@ -21,7 +21,11 @@ struct Config {
   int port = 8000;
   bool dev_mode = false;
   int threads = 16;
-  int max_queued = 64;
+  int max_queued = 64;             // complete requests waiting for a worker
+  int max_connections = 4096;
+  int max_header_bytes = 16384;
+  std::string tls_cert_file;       // set: HTTPS only
+  std::string tls_key_file;        // empty: in the certificate file
   double timeout = 10;             // seconds a connection may sit idle mid-request
   double keep_alive_timeout = 5;   // seconds an idle keep-alive connection is kept
   double drain_timeout = 30;       // seconds in-flight requests get at shutdown

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <iostream>
 
@@ -16,7 +17,10 @@
 #include "daemon/http_server.hpp"
 #include "daemon/notify.hpp"
 
+#include <Poco/Net/Context.h>
+#include <Poco/Net/SSLException.h>
 #include <Poco/Net/HTTPClientSession.h>
+#include <Poco/Net/HTTPSClientSession.h>
 #include <Poco/Net/HTTPRequest.h>
 #include <Poco/Net/HTTPResponse.h>
 
@@ -50,10 +54,16 @@ tl::expected<std::vector<std::string>, std::string> read_key_file(const std::str
 }
 
 // One GET /version against our own listener: proof that the acceptor and a worker answer.
-bool probe_server(const std::string& host, std::uint16_t port) {
+bool probe_server(const std::string& host, std::uint16_t port, bool secure) {
   const std::string target = host == "0.0.0.0" ? "127.0.0.1" : (host == "::" ? "::1" : host);
   try {
-    Poco::Net::HTTPClientSession session(target, port);
+    // Our own certificate need not be trusted for this: it checks liveness, not identity.
+    static const Poco::Net::Context::Ptr self_check_tls(new Poco::Net::Context(
+        Poco::Net::Context::TLS_CLIENT_USE, "", Poco::Net::Context::VERIFY_NONE));
+    std::unique_ptr<Poco::Net::HTTPClientSession> owned =
+        secure ? std::make_unique<Poco::Net::HTTPSClientSession>(target, port, self_check_tls)
+               : std::make_unique<Poco::Net::HTTPClientSession>(target, port);
+    Poco::Net::HTTPClientSession& session = *owned;
     session.setTimeout(Poco::Timespan(2, 0));
     Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_GET, "/version",
                                    Poco::Net::HTTPMessage::HTTP_1_1);
@@ -194,16 +204,22 @@ int run(int argc, const char* const* argv) {
   try {
     server = std::make_unique<HttpServer>(config, context);
     server->start();
+  } catch (const Poco::Net::SSLException& error) {
+    log::error("server.tls_cert_file/server.tls_key_file: cannot use them: ", error.displayText());
+    return kExitConfig;
   } catch (const std::exception& error) {
     log::error("cannot listen on ", config.host, ":", config.port, ": ", error.what());
     return kExitUnavailable;
   }
-  log::notice("listening on http://", config.host, ":", server->port());
+  log::notice("listening on ", server->secure() ? "https://" : "http://", config.host, ":",
+              server->port());
   if (!config.port_file.empty()) {
     std::ofstream(config.port_file) << server->port() << "\n";
   }
   Notifier notifier((*engines)->client(),
-                    [host = config.host, port = server->port()] { return probe_server(host, port); });
+                    [host = config.host, port = server->port(), secure = server->secure()] {
+                      return probe_server(host, port, secure);
+                    });
   notifier.start();
 
   // SIGHUP and POST /reload (vllmctl reload, for ExecReload=) take the same path, one at a time.

@@ -2,15 +2,12 @@
 
 #include <Poco/Net/HTTPRequestHandler.h>
 #include <Poco/Net/HTTPRequestHandlerFactory.h>
-#include <Poco/Net/HTTPServerParams.h>
 #include <Poco/Net/HTTPServerRequest.h>
 #include <Poco/Net/HTTPServerResponse.h>
-#include <Poco/Net/ServerSocket.h>
 #include <Poco/URI.h>
 
 #include <chrono>
 #include <istream>
-#include <thread>
 
 #include "common/util/log.hpp"
 
@@ -166,12 +163,7 @@ class RouteHandler final : public HTTPRequestHandler {
 
   api::Response metrics() const {
     ConnectionStats connections;
-    if (context_.server != nullptr) {
-      connections.current = context_.server->currentConnections();
-      connections.queued = context_.server->queuedConnections();
-      connections.refused = context_.server->refusedConnections();
-      connections.total = context_.server->totalConnections();
-    }
+    if (context_.listener != nullptr) connections = context_.listener->stats();
     api::Response response;
     response.content_type = "text/plain; version=0.0.4; charset=utf-8";
     response.body = context_.metrics->render(context_.engines->engines(), connections);
@@ -207,45 +199,33 @@ class Factory final : public Poco::Net::HTTPRequestHandlerFactory {
 }  // namespace
 
 HttpServer::HttpServer(const Config& config, ServerContext& context) {
-  auto* params = new Poco::Net::HTTPServerParams;
-  params->setMaxThreads(config.threads);
-  params->setMaxQueued(config.max_queued);
-  params->setTimeout(Poco::Timespan(static_cast<long>(config.timeout * 1e6)));
-  params->setKeepAlive(true);
-  params->setKeepAliveTimeout(Poco::Timespan(static_cast<long>(config.keep_alive_timeout * 1e6)));
-  params->setMaxKeepAliveRequests(0);  // unlimited
-  params->setServerName("vllmd");
-  Poco::Net::ServerSocket socket;
-  socket.bind(Poco::Net::SocketAddress(config.host, static_cast<Poco::UInt16>(config.port)), true);
-  socket.listen(config.max_queued);
-  // An explicit pool: Poco's default one is shared and fixed at 16 threads.
-  pool_ = std::make_unique<Poco::ThreadPool>("vllmd-http", 2, std::max(2, config.threads));
-  server_ = std::make_unique<Poco::Net::HTTPServer>(new Factory(context), *pool_, socket, params);
-  context.server = server_.get();
+  ListenerOptions options;
+  options.host = config.host;
+  options.port = config.port;
+  options.threads = config.threads;
+  options.max_queued = config.max_queued;
+  options.max_connections = config.max_connections;
+  options.timeout = config.timeout;
+  options.keep_alive_timeout = config.keep_alive_timeout;
+  options.max_header_bytes = config.max_header_bytes;
+  options.tls_cert_file = config.tls_cert_file;
+  options.tls_key_file = config.tls_key_file;
+  listener_ = std::make_unique<HttpListener>(options, new Factory(context));
+  context.listener = listener_.get();
 }
 
-HttpServer::~HttpServer() {
-  if (server_) server_->stopAll(true);
-}
+HttpServer::~HttpServer() = default;
 
-void HttpServer::start() { server_->start(); }
+void HttpServer::start() { listener_->start(); }
 
-std::uint16_t HttpServer::port() const { return server_->port(); }
+std::uint16_t HttpServer::port() const { return listener_->port(); }
 
-// TCPServer::stop only closes the acceptor. HTTPServer::stopAll(false) would also wait,
-// holding the caller, until every request in flight has finished: no deadline possible.
-void HttpServer::stop_accepting() { server_->stop(); }
+bool HttpServer::secure() const { return listener_->secure(); }
 
-bool HttpServer::wait_idle(double seconds) const {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<long>(seconds * 1000));
-  while (server_->currentConnections() > 0) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
+void HttpServer::stop_accepting() { listener_->stop_accepting(); }
 
-void HttpServer::abort() { server_->stopAll(true); }
+bool HttpServer::wait_idle(double seconds) const { return listener_->wait_idle(seconds); }
+
+void HttpServer::abort() { listener_->abort(); }
 
 }  // namespace vllmd::daemon

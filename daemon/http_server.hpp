@@ -1,9 +1,6 @@
 #pragma once
-// The HTTP front of vllmd: Poco's HTTPServer with an explicit thread pool and short timeouts,
-// routing every request through the API table to the WeightSyncService.
-
-#include <Poco/Net/HTTPServer.h>
-#include <Poco/ThreadPool.h>
+// The HTTP front of vllmd: every request goes through the API table to the WeightSyncService;
+// HttpListener carries the connections.
 
 #include <atomic>
 #include <functional>
@@ -16,6 +13,7 @@
 #include "common/api/service.hpp"
 #include "common/util/cidr.hpp"
 #include "daemon/config.hpp"
+#include "daemon/http_listener.hpp"
 #include "daemon/metrics.hpp"
 
 namespace vllmd::daemon {
@@ -31,7 +29,7 @@ struct ServerContext {
   api::WeightSyncService* service = nullptr;
   engine::EngineClient* engines = nullptr;
   Metrics* metrics = nullptr;
-  const Poco::Net::HTTPServer* server = nullptr;  // for the connection gauges
+  const HttpListener* listener = nullptr;  // for the connection gauges
   // Reloads the configuration; the error line when the new one is invalid (nothing changed).
   std::function<std::optional<std::string>()> reload;
   bool dev_mode = false;
@@ -57,6 +55,7 @@ class HttpServer {
   ~HttpServer();
   void start();
   std::uint16_t port() const;
+  bool secure() const;
   // Stops accepting; requests in flight go on, keep-alive connections end after theirs.
   void stop_accepting();
   // Waits up to `seconds` for every connection to finish; whether they all did.
@@ -64,8 +63,7 @@ class HttpServer {
   void abort();  // closes whatever is left
 
  private:
-  std::unique_ptr<Poco::ThreadPool> pool_;  // before server_: outlives it
-  std::unique_ptr<Poco::Net::HTTPServer> server_;
+  std::unique_ptr<HttpListener> listener_;
 };
 
 }  // namespace vllmd::daemon

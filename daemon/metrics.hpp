@@ -13,15 +13,9 @@
 #include <vector>
 
 #include "common/engine/client.hpp"
+#include "daemon/http_listener.hpp"
 
 namespace vllmd::daemon {
-
-struct ConnectionStats {
-  int current = 0;
-  int queued = 0;
-  int refused = 0;  // cumulative
-  int total = 0;    // cumulative
-};
 
 class Metrics {
  public:

@@ -9,6 +9,8 @@ packages=(
   doctest-dev libtomlplusplus-dev libsystemd-dev libexpected-dev
   python3 python3-zmq python3-msgpack python3-requests
   curl
+  # HTTPS tests make their certificates.
+  openssl
   # Man pages (mandoc -T lint) and the Debian package test: cpack's dpkg-shlibdeps, man -w,
   # systemd-analyze verify.
   mandoc dpkg-dev man-db systemd

@@ -38,11 +38,13 @@ std::string exit_code_help() {
        << "  " << exit_code::kEngineFailed << "  engine call failed: HTTP 500\n"
        << "  " << exit_code::kTimeout << "  timeout: HTTP 504, or no reply within --timeout\n"
        << "  " << exit_code::kUnauthorized << "  unauthorized: HTTP 401 or 403\n"
-       << "  " << exit_code::kConfig << "  bad configuration: --server, token file, -o\n"
+       << "  " << exit_code::kConfig << "  bad configuration: --server, token file, -o, --cacert;\n"
+       << "      an https server whose certificate is not trusted\n"
        << "\nEnvironment:\n"
        << "  VLLMCTL_SERVER      server URL (default " << kDefaultServer << ")\n"
        << "  VLLMCTL_TOKEN       API key, sent as \"Authorization: Bearer\"\n"
-       << "  VLLMCTL_TOKEN_FILE  file holding the API key\n";
+       << "  VLLMCTL_TOKEN_FILE  file holding the API key\n"
+       << "  VLLMCTL_CACERT      --cacert\n";
   return text.str();
 }
 
@@ -91,6 +93,10 @@ void define_global_flags(CLI::App& app, GlobalFlags& flags) {
       ->type_name("URL")
       ->capture_default_str();
   app.add_option("--token-file", flags.token_file, "file holding the API key")->type_name("FILE");
+  app.add_option("--cacert", flags.ca_file,
+                 "https: PEM CA file the server's certificate must chain to (default: system CAs)")
+      ->envname("VLLMCTL_CACERT")
+      ->type_name("FILE");
   app.add_option("--timeout", flags.timeout, "seconds to wait for the daemon (per read/write)")
       ->type_name("S")
       ->check(CLI::Range(0.001, 1e6))

@@ -9,6 +9,8 @@ int exit_code_for(const http::TransportError& error) {
   switch (error.kind) {
     case http::TransportErrorKind::kTimeout:
       return api::exit_code::kTimeout;
+    case http::TransportErrorKind::kTls:
+      return api::exit_code::kConfig;  // an untrusted certificate stays untrusted: --cacert
     case http::TransportErrorKind::kConnectFailed:
     case http::TransportErrorKind::kOther:
       return api::exit_code::kUnavailable;

@@ -68,7 +68,15 @@ tl::expected<Context, std::string> make_context(const GlobalFlags& flags, const 
   options.token = std::move(*token);
   options.timeout = std::chrono::milliseconds(static_cast<long long>(flags.timeout * 1000));
   options.trace = [output](std::string_view line) { output.trace(line); };
-  return Context(http::Client(std::move(*endpoint), std::move(options)), output);
+  options.ca_file = flags.ca_file;
+  if (!options.ca_file.empty() && endpoint->scheme != "https") {
+    return tl::unexpected("--cacert: given, but --server " + endpoint->url() + " is not https");
+  }
+  try {
+    return Context(http::Client(std::move(*endpoint), std::move(options)), output);
+  } catch (const std::runtime_error& error) {
+    return tl::unexpected("--cacert: " + std::string(error.what()));
+  }
 }
 
 }  // namespace vllmd::vllmctl

@@ -260,6 +260,11 @@ class Session {
       log::warning(prefix_, "injected fault: exiting without a reply in ", *exit);
       return Outcome::kFaultExit;
     }
+    if (auto garbage = find_fault(faults_.garbage, call); garbage != faults_.garbage.end()) {
+      log::warning(prefix_, "injected fault: malformed output frames before the reply to ",
+                   *garbage);
+      send_garbage(request->call_id);
+    }
     const std::string failure_prefix = "Call to " + call.method + " method failed: ";
     wire::UtilityOutput output;
     output.call_id = request->call_id;
@@ -274,6 +279,25 @@ class Session {
     send(output_, wire::encode_engine_core_outputs(options_.rank, output, now_seconds(),
                                                    faults_.reply_fields));
     return std::nullopt;
+  }
+
+  // Frames a broken or hostile engine could send: none may crash the client or end the call.
+  void send_garbage(wire::CallId call_id) {
+    wire::UtilityOutput stray;  // a well-formed reply to a call nobody made
+    stray.call_id = call_id;
+    stray.call_id.bits += 7919;
+    stray.value_msgpack = std::string("\xc0", 1);
+    const std::string frames[] = {
+        std::string(),                                     // empty
+        std::string("\xc1", 1),                            // a byte msgpack never uses
+        std::string("\x95\x00\x01", 3),                     // truncated array
+        "this is not msgpack at all",                      // text
+        std::string(4096, '\x91'),                         // deep nesting, no leaf
+        std::string("\xdd\xff\xff\xff\xff", 5),             // array claiming 4G elements
+        std::string("\x95\xa1x\xa1y\xc0\xc0\xc0", 8),        // outputs of the wrong types
+        wire::encode_engine_core_outputs(options_.rank, stray, now_seconds(), 5),
+    };
+    for (const std::string& frame : frames) send(output_, frame);
   }
 
   const ReferenceEngineOptions& options_;

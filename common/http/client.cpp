@@ -1,9 +1,11 @@
 #include "common/http/client.hpp"
 
 #include <Poco/Exception.h>
+#include <Poco/Net/Context.h>
 #include <Poco/Net/HTTPClientSession.h>
 #include <Poco/Net/HTTPRequest.h>
 #include <Poco/Net/HTTPResponse.h>
+#include <Poco/Net/SecureStreamSocket.h>
 #include <Poco/Net/SocketAddress.h>
 #include <Poco/Net/StreamSocket.h>
 #include <Poco/StreamCopier.h>
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <istream>
 #include <ostream>
+#include <stdexcept>
 #include <thread>
 
 #include "common/util/duration.hpp"
@@ -68,13 +71,9 @@ tl::expected<Endpoint, std::string> parse_endpoint(std::string_view url) {
   }
   Endpoint endpoint;
   endpoint.scheme = uri.getScheme();
-  if (endpoint.scheme == "https") {
-    return tl::unexpected(
-        std::string("https is not supported yet; use http:// (or a local TLS proxy)"));
-  }
-  if (endpoint.scheme != "http") {
+  if (endpoint.scheme != "http" && endpoint.scheme != "https") {
     return tl::unexpected("unsupported scheme '" + endpoint.scheme + "' in '" + std::string(url) +
-                          "'; expected http://HOST[:PORT]");
+                          "'; expected http://HOST[:PORT] or https://HOST[:PORT]");
   }
   endpoint.host = uri.getHost();
   if (endpoint.host.empty()) return tl::unexpected("no host in '" + std::string(url) + "'");
@@ -99,6 +98,8 @@ std::string_view kind_name(TransportErrorKind kind) {
       return "connect_failed";
     case TransportErrorKind::kTimeout:
       return "timeout";
+    case TransportErrorKind::kTls:
+      return "tls";
     case TransportErrorKind::kOther:
       return "other";
   }
@@ -106,7 +107,26 @@ std::string_view kind_name(TransportErrorKind kind) {
 }
 
 Client::Client(Endpoint endpoint, ClientOptions options)
-    : endpoint_(std::move(endpoint)), options_(std::move(options)) {}
+    : endpoint_(std::move(endpoint)), options_(std::move(options)) {
+  if (endpoint_.scheme != "https") return;
+  Poco::Net::Context::Params params;
+  params.caLocation = options_.ca_file;
+  params.loadDefaultCAs = options_.ca_file.empty();
+  // STRICT: RELAXED would skip the host-name check for loopback addresses.
+  params.verificationMode = Poco::Net::Context::VERIFY_STRICT;
+  try {
+    tls_ = new Poco::Net::Context(Poco::Net::Context::TLS_CLIENT_USE, params);
+    tls_->disableProtocols(Poco::Net::Context::PROTO_SSLV2 | Poco::Net::Context::PROTO_SSLV3 |
+                           Poco::Net::Context::PROTO_TLSV1 | Poco::Net::Context::PROTO_TLSV1_1);
+  } catch (const Poco::Exception& error) {
+    throw std::runtime_error("cannot load the CA file '" + options_.ca_file +
+                             "': " + error.displayText());
+  }
+}
+
+Client::~Client() = default;
+Client::Client(Client&&) noexcept = default;
+Client::Client(const Client&) = default;
 
 void Client::trace(const std::string& line) const {
   if (options_.trace) options_.trace(line);
@@ -153,6 +173,19 @@ tl::expected<Reply, TransportError> Client::attempt(const Request& request) cons
 
   Poco::Net::StreamSocket socket;
   if (auto error = connect(socket, endpoint_, options_.timeout)) return tl::unexpected(*error);
+  if (tls_) {
+    // The handshake checks the certificate chain and that it names endpoint_.host.
+    try {
+      socket = Poco::Net::SecureStreamSocket::attach(socket, endpoint_.host, tls_);
+    } catch (const Poco::TimeoutException&) {
+      return tl::unexpected(failure(TransportErrorKind::kTimeout,
+                                    "no TLS handshake within " + seconds_text(options_.timeout)));
+    } catch (const Poco::Exception& error) {
+      return tl::unexpected(failure(TransportErrorKind::kTls, "TLS with " + endpoint_.url() +
+                                                                  " failed: " +
+                                                                  error.displayText()));
+    }
+  }
   Poco::Net::HTTPClientSession session(socket);
   session.setTimeout(timespan(options_.timeout));
   session.setKeepAlive(false);

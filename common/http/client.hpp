@@ -1,8 +1,10 @@
 #pragma once
 // A small blocking HTTP/1.1 client for vllmd's API, on Poco::Net::HTTPClientSession. One
 // connection per request: CLI calls are few and long, keep-alive buys nothing. Transport
-// failures are values, split into the kinds a caller maps to distinct exit codes. Only http://
-// for now; the endpoint keeps the scheme so https can get its own session type later.
+// failures are values, split into the kinds a caller maps to distinct exit codes. http:// and
+// https:// (the server's certificate checked against a CA file or the system's CAs).
+
+#include <Poco/AutoPtr.h>
 
 #include <chrono>
 #include <cstddef>
@@ -15,10 +17,14 @@
 #include <utility>
 #include <vector>
 
+namespace Poco::Net {
+class Context;
+}
+
 namespace vllmd::http {
 
 struct Endpoint {
-  std::string scheme;  // "http"
+  std::string scheme;  // "http" or "https"
   std::string host;    // without brackets for IPv6
   std::uint16_t port = 0;
   std::string base_path;  // "" or "/prefix" (a reverse proxy's mount point), no trailing '/'
@@ -26,15 +32,17 @@ struct Endpoint {
   std::string url() const;  // scheme://host:port/base_path
 };
 
-// Parses "http://host[:port][/prefix]". Errors name what is wrong with the URL.
+// Parses "http[s]://host[:port][/prefix]". Errors name what is wrong with the URL.
 tl::expected<Endpoint, std::string> parse_endpoint(std::string_view url);
 
 enum class TransportErrorKind {
   kConnectFailed,  // nothing was sent: resolve or connect failed (or timed out)
   kTimeout,        // sent, but no complete reply within the timeout
+  kTls,            // TLS handshake failed: mostly an untrusted certificate (retrying won't help)
   kOther,          // connection reset, malformed reply, ...
 };
-std::string_view kind_name(TransportErrorKind kind);  // "connect_failed", "timeout", "other"
+// "connect_failed", "timeout", "tls", "other"
+std::string_view kind_name(TransportErrorKind kind);
 
 struct TransportError {
   TransportErrorKind kind = TransportErrorKind::kOther;
@@ -70,11 +78,16 @@ struct ClientOptions {
   std::chrono::milliseconds timeout{300'000};  // connect, and each send/receive
   RetryPolicy retry;
   std::function<void(std::string_view line)> trace;  // one line per attempt (-v)
+  std::string ca_file;  // https: PEM CAs the server's certificate must chain to; empty: system's
 };
 
 class Client {
  public:
+  // Throws std::runtime_error when the CA file cannot be loaded.
   Client(Endpoint endpoint, ClientOptions options);
+  ~Client();
+  Client(Client&&) noexcept;
+  Client(const Client&);
 
   // Sends one request. Idempotent GETs are retried with exponential backoff when the
   // connection fails or the server answers 503; nothing else is ever retried, since a
@@ -90,6 +103,7 @@ class Client {
 
   Endpoint endpoint_;
   ClientOptions options_;
+  Poco::AutoPtr<Poco::Net::Context> tls_;  // https only
 };
 
 }  // namespace vllmd::http

@@ -3,6 +3,7 @@ a failed finish never commits the version, a failed set_weight_version is told a
 fans every call out and names the failing rank, and an engine killed mid-update is noticed at
 once (503), reported by /health, and replaced by a restarted engine of the same rank."""
 
+import sys
 import threading
 import time
 import unittest
@@ -168,6 +169,35 @@ class TimeoutTest(harness.DaemonTestCase):
         self.assertEqual(daemon.get("/version").status_code, 200)
 
 
+class GarbageFramesTest(harness.DaemonTestCase):
+
+    def test_malformed_engine_frames_fail_the_call_at_once_and_the_link_goes_on(self):
+        # --inject-garbage: before its real reply, the engine sends empty, truncated,
+        # non-msgpack, deeply nested, huge-claiming and wrongly typed frames and a reply to a
+        # call nobody made. An undecodable frame may have been the reply itself: the call
+        # fails at once, naming it, instead of waiting out the call timeout (30 min).
+        daemon, (engine,), _ = self.start_external(
+            engine_extra={0: ["--inject-garbage", "start_weight_update"]})
+        self.assertEqual(daemon.post("/init_weight_transfer_engine",
+                                     json={"init_info": harness.NCCL_INIT_INFO}).status_code, 200)
+        started = time.monotonic()
+        response = daemon.post("/start_weight_update")
+        self.assertLess(time.monotonic() - started, 1)
+        self.assert_error(response, 500, "server_error", type_="server_error",
+                          message_prefix="failed to call start_weight_update: engine rank 0 "
+                                         "sent an undecodable reply")
+        # No crash; the engine stays attached and the late real reply is dropped. The
+        # session the engine opened is there: the next calls work against it.
+        self.assertTrue(daemon.alive())
+        self.assertEqual(daemon.health_status(), 200)
+        self.assert_json(daemon.post("/update_weights", json={"update_info": UPDATE}), 200,
+                         {"message": "Weights updated"})
+        self.assert_json(daemon.post("/finish_weight_update", json={"weight_version": "g1"}),
+                         200, {"message": "Weight update finished"})
+        self.assert_json(daemon.get("/weight_info"), 200, {"weight_version": "g1"})
+        self.assertIn("dropped an undecodable reply", daemon.log())
+
+
 class EngineDeathTest(harness.DaemonTestCase):
 
     def test_engine_dying_without_a_reply_answers_503_at_once(self):
@@ -222,7 +252,8 @@ class EngineDeathTest(harness.DaemonTestCase):
         elapsed = result["done"] - killed
         self.assert_error(result["response"], 503, "engine_unavailable", type_="server_error",
                           message_prefix="failed to call update_weights:")
-        self.assertLess(elapsed, 2.5, "a dead engine must be noticed within ~1-2 s")
+        self.assertLess(elapsed, 1.0, "a dead engine must be answered 503 within 1 s")
+        print(f"\n  kill -9 -> 503 in {elapsed * 1000:.0f} ms", file=sys.stderr)
 
         # Unhealthy, yet the daemon keeps serving.
         self.assert_error(daemon.get("/health"), 503, "engine_unavailable", type_="server_error")

@@ -219,7 +219,8 @@ class ManPageTest(unittest.TestCase):
         tags = exit_tags(exit_status)
         self.assertEqual(tags, codes)
         variables = blocks.get("Environment", [])
-        self.assertEqual(variables, ["VLLMCTL_SERVER", "VLLMCTL_TOKEN", "VLLMCTL_TOKEN_FILE"])
+        self.assertEqual(variables, ["VLLMCTL_SERVER", "VLLMCTL_TOKEN", "VLLMCTL_TOKEN_FILE",
+                                     "VLLMCTL_CACERT"])
         environment = flat(self.section("vllmctl.1", "ENVIRONMENT"))
         for variable in variables:
             self.assertTrue(has_word(environment, variable), variable)
@@ -328,6 +329,9 @@ class ManPageTest(unittest.TestCase):
             "server.api_key_file": self.write("keys", "sample-key\n"),
             "server.port_file": os.path.join(self.workdir, "port"),
             "server.allowlist": "10.1.0.0/16",
+            # Read at load (must be readable), parsed only when the listener starts.
+            "server.tls_cert_file": self.write("cert.pem", "sample certificate\n"),
+            "server.tls_key_file": self.write("key.pem", "sample key\n"),
             "engine.mode": "embedded",
             "engine.handshake_address": "tcp://127.0.0.1:5571",
             "engine.advertised_host": "10.0.0.5",
@@ -353,13 +357,19 @@ class ManPageTest(unittest.TestCase):
     def test_toml_page_flags_and_variables_set_their_keys(self):
         # External mode, so that every engine setting (data_parallel_size 2 too) is valid.
         base = '[engine]\nmode = "external"\nhandshake_address = "tcp://127.0.0.1:5570"\n'
-        before = self.print_config(config=base)
         claimed_flags = set()
         for key, entry in self.toml_entries().items():
+            # A TLS key needs its certificate (a certificate alone may hold both).
+            companion = ""
+            if key == "server.tls_key_file":
+                cert = self.write("cert.pem", "sample certificate\n")
+                companion = f'[server]\ntls_cert_file = "{cert}"\n'
+            config = companion + base
+            before = self.print_config(config=config)
             text, value = self.sample(key, before[key])
             variable = entry["Environment"].split()[0]
             with self.subTest(key=key, variable=variable):
-                after = self.print_config(config=base, env={variable: text})
+                after = self.print_config(config=config, env={variable: text})
                 self.assertEqual(after[key], value, f"{variable}={text} did not set {key}")
                 # Nothing else changed (but a key file's keys join server.api_keys).
                 others = {key, "server.api_keys"} if key == "server.api_key_file" else {key}
@@ -371,7 +381,7 @@ class ManPageTest(unittest.TestCase):
             claimed_flags.add(flag)
             with self.subTest(key=key, flag=flag):
                 argv = [flag] if isinstance(value, bool) else [flag, text]
-                after = self.print_config(*argv, config=base)
+                after = self.print_config(*argv, config=config)
                 self.assertEqual(after[key], value, f"{flag} {text} did not set {key}")
         # Every setting flag of `vllmd --help` belongs to a documented key.
         self.assertEqual(claimed_flags, set(self.vllmd_flags()) - VLLMD_COMMAND_FLAGS)

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -245,6 +246,47 @@ def update_info(*names):
     names = list(names) or ["model.layers.0.weight"]
     return {"names": names, "dtype_names": ["bfloat16"] * len(names),
             "shapes": [[4, 4]] * len(names)}
+
+
+class NotifySocket:
+    """A datagram socket collecting sd_notify messages, with their arrival times."""
+
+    def __init__(self, path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.1)
+        self.messages = []  # (monotonic time, {key: value})
+        self._stop = False
+        self._thread = threading.Thread(target=self._collect, daemon=True)
+        self._thread.start()
+
+    def _collect(self):
+        while not self._stop:
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
+            self.messages.append((time.monotonic(), fields))
+
+    def first(self, key, timeout=20):
+        found = []
+
+        def seen():
+            found[:] = [(t, f) for t, f in self.messages if key in f]
+            return bool(found)
+
+        wait_until(seen, timeout, message=f"sd_notify {key}")
+        return found[0]
+
+    def values(self, key):
+        return [fields[key] for _, fields in self.messages if key in fields]
+
+    def close(self):
+        self._stop = True
+        self._thread.join()
+        self.sock.close()
 
 
 class DaemonTestCase(unittest.TestCase):

@@ -61,7 +61,9 @@ class ConfigTest(CtlTestCase):
         cases = [
             (["--server", "ftp://127.0.0.1:1"], {}, "--server"),
             (["--server", "127.0.0.1:8000"], {}, "--server"),
-            (["--server", "https://127.0.0.1:8000"], {}, "https"),
+            (["--server", "https://127.0.0.1:8000", "--cacert", "/nonexistent.pem"], {},
+             "--cacert"),
+            (["--server", "http://127.0.0.1:8000", "--cacert", "/etc/hostname"], {}, "--cacert"),
             (["--server", "http://:8000"], {}, "--server"),
             ([], {"VLLMCTL_SERVER": "not a url"}, "--server"),
             (["-o", "yaml"], {}, "-o"),

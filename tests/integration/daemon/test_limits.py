@@ -1,0 +1,201 @@
+"""Connection limits (vllmd.toml(5): server.threads, max_queued, max_connections, timeout,
+keep_alive_timeout, max_header_bytes). Idle and slow clients are held by the poller, not by
+workers, so /health stays fast with hundreds of them open; a stalled header gets 408, an
+oversized one 431, a full queue or connection table 503, idle connections are closed after
+keep_alive_timeout, and pipelined requests are answered in order. Raw sockets on loopback
+only, all closed by the test."""
+
+import json
+import socket
+import time
+import unittest
+
+import harness
+
+IDLE_CONNECTIONS = 300
+SLOW_CONNECTIONS = 50
+
+
+class Connection:
+    """A raw HTTP/1.1 client connection that keeps bytes read ahead (pipelining)."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection((harness.HOST, port), timeout=10)
+        self.buffer = b""
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def _fill(self):
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed by the server; unparsed: {self.buffer!r}")
+        self.buffer += chunk
+
+    def response(self):
+        """(status, headers with lowercased names, body) of the next response."""
+        while b"\r\n\r\n" not in self.buffer:
+            self._fill()
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (l.split(":", 1) for l in lines[1:])}
+        length = int(headers.get("content-length", "0"))
+        while len(self.buffer) < length:
+            self._fill()
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return int(lines[0].split()[1]), headers, body
+
+    def closed_by_peer(self, timeout):
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(1) == b""
+        except socket.timeout:
+            return False
+        except ConnectionResetError:
+            return True
+
+    def close(self):
+        self.sock.close()
+
+
+def get(path):
+    return f"GET {path} HTTP/1.1\r\nHost: {harness.HOST}\r\n\r\n".encode()
+
+
+class LimitsTest(harness.DaemonTestCase):
+
+    def start(self, **settings):
+        env = harness.clean_env({f"VLLMD_{key.upper()}": str(value)
+                                 for key, value in settings.items()})
+        daemon = self.launch_daemon(["--dev-mode"], env=env)
+        daemon.wait_healthy()
+        return daemon
+
+    def connection(self, daemon):
+        conn = Connection(daemon.port)
+        self.addCleanup(conn.close)
+        return conn
+
+    def open_connections(self, daemon, count, payload=b""):
+        connections = [self.connection(daemon) for _ in range(count)]
+        for conn in connections:
+            if payload:
+                conn.send(payload)
+        return connections
+
+    def metric(self, daemon, name):
+        for line in daemon.get("/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"no metric {name}")
+
+    def test_health_stays_fast_with_hundreds_of_idle_and_slow_connections(self):
+        daemon = self.start(keep_alive_timeout=120, timeout=120)
+        idle = self.open_connections(daemon, IDLE_CONNECTIONS)
+        slow = self.open_connections(daemon, SLOW_CONNECTIONS,
+                                 payload=b"GET /health HTTP/1.1\r\nHost: x\r\n")  # no end
+        harness.wait_until(
+            lambda: self.metric(daemon, "vllmd_http_connections")
+            >= IDLE_CONNECTIONS + SLOW_CONNECTIONS, 10, message="every connection accepted")
+        self.assertEqual(self.metric(daemon, "vllmd_http_connections_busy"), 1)  # /metrics
+
+        latencies = []
+        for _ in range(20):  # a new connection each: accept, parse, answer
+            started = time.monotonic()
+            self.assertEqual(daemon.get("/health", timeout=5).status_code, 200)
+            latencies.append(time.monotonic() - started)
+        print(f"\n  /health with {IDLE_CONNECTIONS} idle + {SLOW_CONNECTIONS} slow connections: "
+              f"max {max(latencies) * 1000:.1f} ms", flush=True)
+        self.assertLess(max(latencies), 0.1)
+        # None of them was dropped to make room.
+        for conn in idle + slow:
+            self.assertFalse(conn.closed_by_peer(0.001))
+
+    def test_an_idle_connection_is_closed_after_keep_alive_timeout(self):
+        daemon = self.start(keep_alive_timeout=0.5)
+        fresh = self.connection(daemon)
+        used = self.connection(daemon)
+        used.send(get("/health"))
+        self.assertEqual(used.response()[0], 200)
+        started = time.monotonic()
+        self.assertTrue(fresh.closed_by_peer(3))
+        self.assertTrue(used.closed_by_peer(3))
+        self.assertLess(time.monotonic() - started, 2.5)
+
+    def test_a_stalled_header_gets_408(self):
+        daemon = self.start(timeout=0.5)
+        conn = self.connection(daemon)
+        conn.send(b"POST /update_weights HTTP/1.1\r\nHost: x\r\n")
+        status, headers, body = conn.response()
+        self.assertEqual(status, 408)
+        self.assertEqual(headers["connection"].lower(), "close")
+        self.assertIn("header", json.loads(body)["error"]["message"])
+        self.assertEqual(daemon.health_status(), 200)
+
+    def test_an_oversized_header_gets_431_and_the_server_goes_on(self):
+        daemon = self.start()
+        conn = self.connection(daemon)
+        conn.send(b"GET /health HTTP/1.1\r\nHost: x\r\nCookie: " + b"c" * 20000 +
+                     b"\r\n\r\n")
+        status, _, body = conn.response()
+        self.assertEqual(status, 431)
+        self.assertIn("server.max_header_bytes", json.loads(body)["error"]["message"])
+        # Just under the limit is fine.
+        ok = self.connection(daemon)
+        ok.send(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 8000 + b"\r\n\r\n")
+        self.assertEqual(ok.response()[0], 200)
+
+    def test_a_malformed_request_gets_400(self):
+        daemon = self.start()
+        conn = self.connection(daemon)
+        conn.send(b"G" * 64 + b" /health HTTP/1.1\r\nHost: x\r\n\r\n")  # no such method
+        status, _, body = conn.response()
+        self.assertEqual(status, 400)
+        self.assertEqual(json.loads(body)["error"]["message"], "malformed HTTP request")
+        self.assertEqual(daemon.health_status(), 200)
+
+    def test_pipelined_requests_are_answered_in_order_on_one_connection(self):
+        daemon = self.start()
+        conn = self.connection(daemon)
+        conn.send(get("/weight_info") + get("/nope") + get("/get_world_size"))
+        answers = [conn.response() for _ in range(3)]
+        self.assertEqual([status for status, _, _ in answers], [200, 404, 200])
+        self.assertEqual(json.loads(answers[0][2]), {"weight_version": "default"})
+        self.assertEqual(json.loads(answers[2][2]), {"world_size": 1})
+
+    def test_connections_beyond_max_connections_get_503(self):
+        daemon = self.start(max_connections=8)
+        held = self.open_connections(daemon, 8)  # accepted in order, before the next one
+        extra = self.connection(daemon)
+        status, _, body = extra.response()
+        self.assertEqual(status, 503)
+        self.assertIn("server.max_connections", json.loads(body)["error"]["message"])
+        held[0].close()
+        harness.wait_until(lambda: daemon.health_status() == 200, 5,
+                           message="/health again once a connection closed")
+
+    def test_requests_beyond_max_queued_get_503_and_the_queued_one_is_served(self):
+        handshake = f"tcp://{harness.HOST}:{harness.free_port()}"
+        env = harness.clean_env({"VLLMD_THREADS": "1", "VLLMD_MAX_QUEUED": "1"})
+        daemon = self.launch_daemon(["--dev-mode", "--engine", "external",
+                                     "--handshake-address", handshake], env=env)
+        self.start_engine(handshake, extra=["--inject-delay", "start_weight_update=2"])
+        daemon.wait_healthy()
+
+        blocked, queued, refused = (self.connection(daemon) for _ in range(3))
+        blocked.send(b"POST /start_weight_update HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Length: 0\r\n\r\n")
+        time.sleep(0.5)  # the only worker now waits on the engine
+        queued.send(get("/weight_info"))
+        time.sleep(0.3)
+        refused.send(get("/weight_info"))
+        status, _, body = refused.response()
+        self.assertEqual(status, 503)
+        self.assertIn("server.max_queued", json.loads(body)["error"]["message"])
+        self.assertEqual(blocked.response()[0], 200)
+        self.assertEqual(queued.response()[:1], (200,))
+        self.assertGreaterEqual(self.metric(daemon, "vllmd_http_connections_refused_total"), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
