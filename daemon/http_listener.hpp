@@ -81,6 +81,7 @@ class HttpListener {
   void dispatch(std::unique_ptr<Connection> connection);
   void serve(Connection& connection);
   bool serve_one(Connection& connection);
+  bool next_request_soon(Connection& connection);
   void close_parked();
   void wake() const;
 
@@ -98,6 +99,8 @@ class HttpListener {
   std::map<int, std::unique_ptr<Connection>> parked_;  // by descriptor; owned by the poller
   std::deque<std::unique_ptr<Connection>> queue_;      // complete requests awaiting a worker
   std::set<Connection*> serving_;                      // owned by a worker
+  static constexpr int kLingerMilliseconds = 10;
+  std::atomic<int> idle_workers_{0};  // waiting for the queue
   std::atomic<bool> accepting_{true};
   std::atomic<bool> stopping_{false};
   bool listening_ = true;  // the poller's: listen socket still registered
