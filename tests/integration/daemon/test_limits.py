@@ -97,7 +97,9 @@ class LimitsTest(harness.DaemonTestCase):
         harness.wait_until(
             lambda: self.metric(daemon, "vllmd_http_connections")
             >= IDLE_CONNECTIONS + SLOW_CONNECTIONS, 10, message="every connection accepted")
-        self.assertEqual(self.metric(daemon, "vllmd_http_connections_busy"), 1)  # /metrics
+        # No worker holds an idle or slow connection: busy is this /metrics request, maybe
+        # plus the previous request's connection for the 10 ms a worker lingers on it.
+        self.assertLessEqual(self.metric(daemon, "vllmd_http_connections_busy"), 2)
 
         latencies = []
         for _ in range(20):  # a new connection each: accept, parse, answer

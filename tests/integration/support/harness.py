@@ -289,6 +289,9 @@ class NotifySocket:
         self.sock.close()
 
 
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
+
 class DaemonTestCase(unittest.TestCase):
     """Gives each test a temporary directory and kills every process it started."""
 
@@ -318,6 +321,12 @@ class DaemonTestCase(unittest.TestCase):
                     pass
         if errors:
             raise RuntimeError("cleanup failed: " + "; ".join(errors))
+        # Under ASan+UBSan (CI), a report in any process's log fails the test that ran it.
+        for process in self._processes:
+            log = process.log()
+            for marker in SANITIZER_MARKERS:
+                if marker in log:
+                    raise AssertionError(f"{process.name}: sanitizer report:\n{log[-4000:]}")
 
     def _track(self, process):
         self._processes.append(process)
