@@ -8,6 +8,7 @@
 #include <Poco/Net/NetException.h>
 #include <Poco/Net/SecureStreamSocket.h>
 #include <Poco/Net/StreamSocket.h>
+#include <Poco/Net/StreamSocketImpl.h>
 #include <Poco/Timestamp.h>
 
 #include <algorithm>
@@ -70,6 +71,8 @@ Poco::AutoPtr<Poco::Net::Context> tls_context(const ListenerOptions& options) {
   return context;
 }
 
+int fd_of(const Poco::Net::Socket& socket) { return socket.impl()->sockfd(); }
+
 }  // namespace
 
 struct HttpListener::Connection {
@@ -99,12 +102,18 @@ HttpListener::HttpListener(const ListenerOptions& options,
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll_fd_ < 0 || wake_fd_ < 0) throw std::runtime_error("epoll: " + std::string(std::strerror(errno)));
-  for (const int fd : {listen_socket_.impl()->sockfd(), wake_fd_}) {
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.fd = fd;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event);
-  }
+  epoll_event wake{};
+  wake.events = EPOLLIN;
+  wake.data.fd = wake_fd_;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &wake);
+  watch_listener();
+}
+
+void HttpListener::watch_listener() {
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.fd = fd_of(listen_socket_);
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event.data.fd, &event);
 }
 
 HttpListener::~HttpListener() {
@@ -176,7 +185,7 @@ void HttpListener::poll_loop() {
   while (!stopping_) {
     const int ready = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), 250);
     if (!accepting_ && listening_) {
-      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_socket_.impl()->sockfd(), nullptr);
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd_of(listen_socket_), nullptr);
       listen_socket_.close();
       listening_ = false;
       close_parked();  // idle keep-alive connections end with the listener
@@ -186,7 +195,7 @@ void HttpListener::poll_loop() {
       if (fd == wake_fd_) {
         std::uint64_t count = 0;
         [[maybe_unused]] const ssize_t got = ::read(wake_fd_, &count, sizeof count);
-      } else if (listening_ && fd == listen_socket_.impl()->sockfd()) {
+      } else if (listening_ && fd == fd_of(listen_socket_)) {
         accept_all();
       } else {
         on_readable(fd);
@@ -194,6 +203,10 @@ void HttpListener::poll_loop() {
     }
     const auto now = Clock::now();
     if (now - last_sweep >= std::chrono::milliseconds(250)) {
+      if (accept_paused_ && listening_) {
+        accept_paused_ = false;
+        watch_listener();
+      }
       sweep_idle(now);
       last_sweep = now;
     }
@@ -202,24 +215,30 @@ void HttpListener::poll_loop() {
 
 void HttpListener::accept_all() {
   for (;;) {
-    Poco::Net::StreamSocket socket;
-    try {
-      socket = listen_socket_.acceptConnection();
-    } catch (const Poco::Exception&) {
-      return;  // EAGAIN: the backlog is empty (or the peer left before we got to it)
+    const int fd = ::accept4(fd_of(listen_socket_), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        // Out of descriptors (EMFILE/ENFILE): the backlog stays readable, so stop watching it
+        // for a moment instead of spinning; the sweep re-arms it.
+        log::warning("accept: ", std::strerror(errno), "; pausing new connections briefly");
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd_of(listen_socket_), nullptr);
+        accept_paused_ = true;
+      }
+      return;
     }
+    Poco::Net::StreamSocket socket(new Poco::Net::StreamSocketImpl(fd));
     ++total_;
     if (stats().current >= options_.max_connections) {
       ++refused_;
-      send_error(socket.impl()->sockfd(), 503, "Service Unavailable",
-                 "too many connections (server.max_connections)");
+      send_error(fd, 503, "Service Unavailable", "too many connections (server.max_connections)");
       continue;  // closed as `socket` goes
     }
     socket.setNoDelay(true);
     socket.setReceiveTimeout(timespan(options_.timeout));
     socket.setSendTimeout(timespan(options_.timeout));
     auto connection = std::make_unique<Connection>();
-    connection->fd = socket.impl()->sockfd();
+    connection->fd = fd;
     connection->socket = std::move(socket);
     park(std::move(connection));
   }

@@ -75,6 +75,7 @@ class HttpListener {
   void poll_loop();
   void work_loop();
   void accept_all();
+  void watch_listener();
   void on_readable(int fd);
   void sweep_idle(Clock::time_point now);
   void park(std::unique_ptr<Connection> connection);
@@ -103,7 +104,8 @@ class HttpListener {
   std::atomic<int> idle_workers_{0};  // waiting for the queue
   std::atomic<bool> accepting_{true};
   std::atomic<bool> stopping_{false};
-  bool listening_ = true;  // the poller's: listen socket still registered
+  bool listening_ = true;  // the poller's: listen socket still open
+  bool accept_paused_ = false;  // the poller's: out of descriptors, listen socket unwatched
   std::atomic<std::uint64_t> refused_{0};
   std::atomic<std::uint64_t> total_{0};
 

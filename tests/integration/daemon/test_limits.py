@@ -6,6 +6,8 @@ keep_alive_timeout, and pipelined requests are answered in order. Raw sockets on
 only, all closed by the test."""
 
 import json
+import os
+import resource
 import socket
 import time
 import unittest
@@ -56,6 +58,13 @@ class Connection:
 
     def close(self):
         self.sock.close()
+
+
+def cpu_seconds(pid):
+    """User plus system CPU time of a process so far."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def get(path):
@@ -175,6 +184,21 @@ class LimitsTest(harness.DaemonTestCase):
         held[0].close()
         harness.wait_until(lambda: daemon.health_status() == 200, 5,
                            message="/health again once a connection closed")
+
+    def test_running_out_of_descriptors_neither_spins_nor_sticks(self):
+        daemon = self.start()
+        in_use = len(os.listdir(f"/proc/{daemon.pid}/fd"))
+        resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE, (in_use + 10, in_use + 10))
+        held = self.open_connections(daemon, 40)  # 30 of them wait in the backlog
+        time.sleep(0.3)
+        busy = cpu_seconds(daemon.pid)
+        time.sleep(1)
+        self.assertLess(cpu_seconds(daemon.pid) - busy, 0.3, "the poller spins on accept")
+        self.assertIn("pausing new connections", daemon.log())
+        for conn in held:
+            conn.close()
+        harness.wait_until(lambda: daemon.health_status() == 200, 10,
+                           message="/health once descriptors are free again")
 
     def test_requests_beyond_max_queued_get_503_and_the_queued_one_is_served(self):
         handshake = f"tcp://{harness.HOST}:{harness.free_port()}"
