@@ -166,7 +166,8 @@ class RouteHandler final : public HTTPRequestHandler {
     if (context_.listener != nullptr) connections = context_.listener->stats();
     api::Response response;
     response.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    response.body = context_.metrics->render(context_.engines->engines(), connections);
+    response.body = context_.metrics->render(context_.engines->engines(),
+                                             context_.engines->pending_calls(), connections);
     return response;
   }
 

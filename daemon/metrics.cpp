@@ -36,6 +36,7 @@ void Metrics::count_request(std::string_view route, int status) {
 }
 
 std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
+                            std::size_t pending_calls,
                             const ConnectionStats& connections) const {
   std::ostringstream out;
   out.precision(9);
@@ -73,6 +74,10 @@ std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
     out << "vllmd_engine_up{rank=\"" << engine.rank << "\"} "
         << (engine.state == engine::EngineState::kReady ? 1 : 0) << "\n";
   }
+
+  out << "# HELP vllmd_engine_calls_pending Engine calls sent and not yet answered.\n"
+      << "# TYPE vllmd_engine_calls_pending gauge\n"
+      << "vllmd_engine_calls_pending " << pending_calls << "\n";
 
   out << "# HELP vllmd_http_connections Open HTTP connections.\n"
       << "# TYPE vllmd_http_connections gauge\n"

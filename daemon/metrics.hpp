@@ -26,7 +26,7 @@ class Metrics {
 
   void observe_operation(std::string_view operation, double seconds);
   void count_request(std::string_view route, int status);
-  std::string render(const std::vector<engine::EngineStatus>& engines,
+  std::string render(const std::vector<engine::EngineStatus>& engines, std::size_t pending_calls,
                      const ConnectionStats& connections) const;
 
  private:

@@ -177,6 +177,10 @@ const std::string& EngineClient::input_endpoint() const { return impl_->input_en
 const std::string& EngineClient::output_endpoint() const { return impl_->output_endpoint; }
 int EngineClient::data_parallel_size() const { return impl_->options.data_parallel_size; }
 
+std::size_t EngineClient::pending_calls() const {
+  return impl_->pending_count.load(std::memory_order_relaxed);
+}
+
 std::vector<EngineStatus> EngineClient::engines() const {
   std::lock_guard lock(impl_->state_mutex);
   std::vector<EngineStatus> statuses;

@@ -93,6 +93,8 @@ class EngineClient {
   std::vector<EngineStatus> engines() const;
   bool all_ready() const;
   bool wait_all_ready(std::chrono::milliseconds timeout) const;
+  // Calls sent and not yet answered, failed or expired (as of the IO thread's last round).
+  std::size_t pending_calls() const;
 
   // `args` is one msgpack array, spliced into the UTILITY payload unchanged. It may come in
   // pieces (a header and a large value still sitting in the transcoded request body): they

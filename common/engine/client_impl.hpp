@@ -97,6 +97,7 @@ struct EngineClient::Impl {
 
   // IO thread only.
   std::unordered_map<std::uint64_t, PendingCall> pending;
+  std::atomic<std::size_t> pending_count{0};  // pending.size() after each IO round, for all
 
   std::mutex close_mutex;
 

@@ -66,6 +66,7 @@ void EngineClient::Impl::run() {
       if (items[3].revents != 0) drain_monitor(input_monitor, true);
       if (items[4].revents != 0) drain_monitor(handshake_monitor, false);
       expire(Clock::now());
+      pending_count.store(pending.size(), std::memory_order_relaxed);
     } catch (const zmq::error_t& error) {
       if (error.num() == ETERM) break;
       log::error("engine link: ", error.what());

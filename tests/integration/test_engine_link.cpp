@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <deque>
+#include <thread>
 
 #include "common/engine/client.hpp"
 #include "common/wire/json_to_msgpack.hpp"
@@ -58,6 +59,17 @@ std::unique_ptr<EngineClient> make_client() {
 }
 
 const CallOptions kQuick{5s, false};
+
+// Whether every call has left the client's pending table (it is counted after each IO round,
+// which may end just after a failed call returned).
+bool no_call_pending(const EngineClient& client) {
+  const auto deadline = std::chrono::steady_clock::now() + 2s;
+  while (client.pending_calls() != 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
 
 void expect_all_ok(const std::vector<EngineReply>& replies, std::string_view value_json) {
   REQUIRE(replies.size() == 2);
@@ -188,6 +200,32 @@ TEST_CASE("ENGINE_CORE_DEAD marks the engine dead and fails its call at once") {
   REQUIRE_FALSE(reply.value);
   CHECK(reply.value.error().kind == CallErrorKind::kUnavailable);
   CHECK(client->engines()[0].state == EngineState::kDead);
+  CHECK(no_call_pending(*client));
+}
+
+TEST_CASE("malformed engine frames fail the waiting call and leave nothing pending") {
+  vllmd::engine::ClientOptions options;
+  auto created = EngineClient::create(options);
+  REQUIRE(created);
+  auto& client = *created;
+  ChildProcess engine({VLLM_REF_ENGINE_PATH, "--handshake", client->handshake_endpoint(),
+                       "--rank", "0", "--inject-garbage", "start_weight_update",
+                       "--inject-fail", "finish_weight_update"});
+  REQUIRE(client->wait_all_ready(20s));
+  REQUIRE(client->call(0, "get_weight_version", args("[]"), kQuick).value);
+  const auto garbled = client->call(0, "collective_rpc",
+                                    args(R"(["start_weight_update",null,[],{}])"), kQuick);
+  REQUIRE_FALSE(garbled.value);
+  CHECK(garbled.value.error().kind == CallErrorKind::kFailed);
+  CHECK(garbled.value.error().message.find("undecodable") != std::string::npos);
+  const auto failed = client->call(0, "collective_rpc",
+                                   args(R"(["finish_weight_update",null,[],{}])"), kQuick);
+  REQUIRE_FALSE(failed.value);
+  CHECK(failed.value.error().kind == CallErrorKind::kFailed);
+  // The link survived it all: the engine is attached and answers.
+  CHECK(client->engines()[0].state == EngineState::kReady);
+  CHECK(as_json(client->call(0, "get_weight_version", args("[]"), kQuick)) == R"("default")");
+  CHECK(no_call_pending(*client));
 }
 
 TEST_CASE("a timed-out lifecycle call marks the engine dead until it answers again") {
@@ -214,6 +252,7 @@ TEST_CASE("a timed-out lifecycle call marks the engine dead until it answers aga
   CHECK(client->engines()[0].state == EngineState::kDead);
   // The engine answers the timed-out calls after its delay: it is alive again.
   CHECK(client->wait_all_ready(10s));
+  CHECK(no_call_pending(*client));
 }
 
 TEST_CASE("an older engine: empty registration, READY before registration, 8-field replies") {

@@ -167,6 +167,7 @@ class TimeoutTest(harness.DaemonTestCase):
         self.assertLess(took, 3.0)
         self.assertEqual(methods(engine.calls()), ["start_weight_update"])
         self.assertEqual(daemon.get("/version").status_code, 200)
+        daemon.wait_no_pending_calls()  # expired, not leaked
 
 
 class GarbageFramesTest(harness.DaemonTestCase):
@@ -196,6 +197,7 @@ class GarbageFramesTest(harness.DaemonTestCase):
                          200, {"message": "Weight update finished"})
         self.assert_json(daemon.get("/weight_info"), 200, {"weight_version": "g1"})
         self.assertIn("dropped an undecodable reply", daemon.log())
+        daemon.wait_no_pending_calls()
 
 
 class EngineDeathTest(harness.DaemonTestCase):
@@ -253,6 +255,7 @@ class EngineDeathTest(harness.DaemonTestCase):
         self.assert_error(result["response"], 503, "engine_unavailable", type_="server_error",
                           message_prefix="failed to call update_weights:")
         self.assertLess(elapsed, 1.0, "a dead engine must be answered 503 within 1 s")
+        daemon.wait_no_pending_calls()
         print(f"\n  kill -9 -> 503 in {elapsed * 1000:.0f} ms", file=sys.stderr)
 
         # Unhealthy, yet the daemon keeps serving.

@@ -176,6 +176,17 @@ class Daemon(Process):
         kwargs.setdefault("timeout", 30)
         return requests.post(self.url + path, **kwargs)
 
+    def metric(self, name):
+        """The value of an unlabelled sample in GET /metrics."""
+        for line in self.get("/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"no metric {name}")
+
+    def wait_no_pending_calls(self, timeout=5):
+        wait_until(lambda: self.metric("vllmd_engine_calls_pending") == 0, timeout,
+                   message="no engine call left pending")
+
     def health_status(self):
         try:
             return self.get("/health", timeout=5).status_code
