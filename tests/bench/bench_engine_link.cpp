@@ -2,7 +2,7 @@
 //  - UTILITY round trips through EngineClient to vllm-ref-engine processes over tcp loopback:
 //    one sequential caller, 4 and 16 concurrent callers, and a DP=2 fan-out (call_all);
 //  - wire::json_to_msgpack on a ~40 MB update_info body shaped like an 8-GPU trainer's
-//    unpacked IPC handles, against a plain memcpy of the same bytes;
+//    unpacked IPC handles (payloads.hpp), against a plain memcpy of the same bytes;
 //  - that update_info sent end to end as collective_rpc update_weights to an IPC engine.
 //
 // Usage: bench_engine_link [--quick]
@@ -30,6 +30,7 @@
 #include "common/engine/client.hpp"
 #include "common/util/log.hpp"
 #include "common/wire/json_to_msgpack.hpp"
+#include "tests/bench/payloads.hpp"
 #include "tests/support/process.hpp"
 
 namespace {
@@ -292,132 +293,6 @@ void add_latency_row(Table& table, const std::string& name, const LatencyResult&
 }
 
 // ---------------------------------------------------------------------------------------------
-// The update_info body
-
-// Deterministic pseudo-random numbers (splitmix64): the same body on every run.
-class SplitMix64 {
- public:
-  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = state_ += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-
- private:
-  std::uint64_t state_;
-};
-
-// Base64 of 3 * groups random bytes (no padding needed).
-void append_base64(std::string& out, SplitMix64& random, int groups) {
-  static constexpr char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  for (int g = 0; g < groups; ++g) {
-    const std::uint64_t bits = random.next();
-    for (int shift = 18; shift >= 0; shift -= 6) out.push_back(kAlphabet[(bits >> shift) & 63]);
-  }
-}
-
-struct Tensor {
-  std::string name;
-  std::vector<std::int64_t> shape;
-};
-
-// The tensor list of a Qwen3-30B-A3B-like MoE (48 layers x 128 experts): 18,867 tensors.
-std::vector<Tensor> model_tensors() {
-  constexpr std::int64_t kLayers = 48, kExperts = 128, kHidden = 2048, kMoeInner = 768;
-  constexpr std::int64_t kHeads = 32, kKvHeads = 4, kHeadDim = 128, kVocab = 151936;
-  std::vector<Tensor> tensors;
-  tensors.push_back({"model.embed_tokens.weight", {kVocab, kHidden}});
-  for (std::int64_t layer = 0; layer < kLayers; ++layer) {
-    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
-    tensors.push_back({prefix + "input_layernorm.weight", {1, kHidden}});
-    tensors.push_back({prefix + "self_attn.q_proj.weight", {kHeads, kHeadDim, kHidden}});
-    tensors.push_back({prefix + "self_attn.k_proj.weight", {kKvHeads, kHeadDim, kHidden}});
-    tensors.push_back({prefix + "self_attn.v_proj.weight", {kKvHeads, kHeadDim, kHidden}});
-    tensors.push_back({prefix + "self_attn.o_proj.weight", {kHidden, kHeads * kHeadDim}});
-    tensors.push_back({prefix + "self_attn.q_norm.weight", {1, kHeadDim}});
-    tensors.push_back({prefix + "self_attn.k_norm.weight", {1, kHeadDim}});
-    tensors.push_back({prefix + "post_attention_layernorm.weight", {1, kHidden}});
-    tensors.push_back({prefix + "mlp.gate.weight", {kExperts, kHidden}});
-    for (std::int64_t expert = 0; expert < kExperts; ++expert) {
-      const std::string expert_prefix = prefix + "mlp.experts." + std::to_string(expert) + ".";
-      tensors.push_back({expert_prefix + "gate_proj.weight", {kMoeInner, kHidden}});
-      tensors.push_back({expert_prefix + "up_proj.weight", {kMoeInner, kHidden}});
-      tensors.push_back({expert_prefix + "down_proj.weight", {kHidden, kMoeInner}});
-    }
-  }
-  tensors.push_back({"model.norm.weight", {1, kHidden}});
-  tensors.push_back({"lm_head.weight", {kVocab, kHidden}});
-  return tensors;
-}
-
-constexpr int kGpus = 8;
-constexpr int kHandleGroups = 62;  // 186 random bytes -> 248 base64 characters per handle
-
-struct Body {
-  std::string json;
-  std::size_t tensors = 0;
-};
-
-// {"update_info": {names, dtype_names, shapes, tensor_sizes, ipc_handles, ipc_handles_pickled}}.
-// ipc_handles is the unpacked form: per tensor, GPU id -> base64 handle. tensor_sizes and
-// ipc_handles_pickled are there because the reference engine's IPC backend requires them.
-Body make_body() {
-  const std::vector<Tensor> tensors = model_tensors();
-  SplitMix64 random(20250601);
-  Body body;
-  body.tensors = tensors.size();
-  std::string& out = body.json;
-  out.reserve(48'000'000);
-  const auto list = [&](std::string_view key, const auto& append_item) {
-    out += '"';
-    out += key;
-    out += "\":[";
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      if (i > 0) out += ',';
-      append_item(tensors[i]);
-    }
-    out += ']';
-  };
-  out += R"({"update_info":{)";
-  list("names", [&](const Tensor& t) { out += '"' + t.name + '"'; });
-  out += ',';
-  list("dtype_names", [&](const Tensor&) { out += R"("bfloat16")"; });
-  out += ',';
-  list("shapes", [&](const Tensor& t) {
-    out += '[';
-    for (std::size_t d = 0; d < t.shape.size(); ++d) {
-      if (d > 0) out += ',';
-      out += std::to_string(t.shape[d]);
-    }
-    out += ']';
-  });
-  out += ',';
-  list("tensor_sizes", [&](const Tensor& t) {
-    std::int64_t bytes = 2;  // bfloat16
-    for (std::int64_t extent : t.shape) bytes *= extent;
-    out += std::to_string(bytes);
-  });
-  out += ',';
-  list("ipc_handles", [&](const Tensor&) {
-    out += '{';
-    for (int gpu = 0; gpu < kGpus; ++gpu) {
-      if (gpu > 0) out += ',';
-      out += '"' + std::to_string(gpu) + "\":\"";
-      append_base64(out, random, kHandleGroups);
-      out += '"';
-    }
-    out += '}';
-  });
-  out += R"(,"ipc_handles_pickled":")";
-  append_base64(out, random, 16);
-  out += "\"}}";
-  return body;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Throughput
 
 struct Throughput {
@@ -564,7 +439,7 @@ int run(const Config& config) {
 
   // 2. Transcoding, and the whole update_info through the client.
   const Clock::time_point generation_began = Clock::now();
-  const Body body = make_body();
+  const vllmd::bench::Body body = vllmd::bench::ipc_update_body(vllmd::bench::kMoe30B);
   const double generation_seconds = seconds(Clock::now() - generation_began);
   const double json_mb = static_cast<double>(body.json.size()) / kMega;
 
@@ -582,7 +457,8 @@ int run(const Config& config) {
   single.stop();
 
   std::printf("update_info: %zu tensors x %d GPUs, %d-char base64 handles (generated in %.0f ms)\n",
-              body.tensors, kGpus, kHandleGroups * 4, generation_seconds * 1e3);
+              body.tensors, vllmd::bench::kIpcGpus, vllmd::bench::kIpcHandleChars,
+              generation_seconds * 1e3);
   std::printf("  JSON body %.2f MB -> msgpack %.2f MB (%.1f%%), update_info value %.2f MB\n",
               json_mb, msgpack_mb, 100.0 * msgpack_mb / json_mb, value_mb);
   Table bulk("lrrrl", {"operation", "runs", "median ms", "MB/s", "MB/s of"});

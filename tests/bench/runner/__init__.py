@@ -1,0 +1,1 @@
+"""The parts of tests/bench/run.py: common, procs, rig, scenarios, report."""
