@@ -1,5 +1,7 @@
 #include "common/api/known_state.hpp"
 
+#include <algorithm>
+
 namespace vllmd::api {
 
 void KnownState::sync(const std::vector<engine::EngineStatus>& engines) {
@@ -7,29 +9,63 @@ void KnownState::sync(const std::vector<engine::EngineStatus>& engines) {
   engines_.resize(engines.size());
   for (std::size_t i = 0; i < engines.size(); ++i) {
     if (engines_[i].admissions != engines[i].admissions) {
-      engines_[i] = Known{engines[i].admissions, "default", false};
+      engines_[i] = Known{engines[i].admissions, "default", false, true, true};
     }
   }
 }
 
 void KnownState::set_version(int rank, const std::string& version) {
   std::lock_guard lock(mutex_);
-  if (rank >= 0 && static_cast<std::size_t>(rank) < engines_.size()) engines_[rank].version = version;
+  if (rank >= 0 && static_cast<std::size_t>(rank) < engines_.size()) {
+    engines_[rank].version = version;
+    engines_[rank].version_known = true;
+  }
 }
 
 void KnownState::set_version_all(const std::string& version) {
   std::lock_guard lock(mutex_);
-  for (Known& known : engines_) known.version = version;
+  for (Known& known : engines_) {
+    known.version = version;
+    known.version_known = true;
+  }
 }
 
 void KnownState::set_paused(int rank, bool paused) {
   std::lock_guard lock(mutex_);
-  if (rank >= 0 && static_cast<std::size_t>(rank) < engines_.size()) engines_[rank].paused = paused;
+  if (rank >= 0 && static_cast<std::size_t>(rank) < engines_.size()) {
+    engines_[rank].paused = paused;
+    engines_[rank].paused_known = true;
+  }
 }
 
 void KnownState::set_paused_all(bool paused) {
   std::lock_guard lock(mutex_);
-  for (Known& known : engines_) known.paused = paused;
+  for (Known& known : engines_) {
+    known.paused = paused;
+    known.paused_known = true;
+  }
+}
+
+void KnownState::forget_version() {
+  std::lock_guard lock(mutex_);
+  for (Known& known : engines_) known.version_known = false;
+}
+
+void KnownState::forget_paused() {
+  std::lock_guard lock(mutex_);
+  for (Known& known : engines_) known.paused_known = false;
+}
+
+bool KnownState::version_certain() const {
+  std::lock_guard lock(mutex_);
+  return std::all_of(engines_.begin(), engines_.end(),
+                     [](const Known& known) { return known.version_known; });
+}
+
+bool KnownState::paused_certain() const {
+  std::lock_guard lock(mutex_);
+  return std::all_of(engines_.begin(), engines_.end(),
+                     [](const Known& known) { return known.paused_known; });
 }
 
 tl::expected<std::string, std::string> KnownState::version() const {

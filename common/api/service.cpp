@@ -100,6 +100,11 @@ WeightSyncService::FanOut WeightSyncService::fan_out(std::string_view operation_
   FanOut result;
   const auto started = std::chrono::steady_clock::now();
   known_.sync(engines_.engines());
+  // Until this call succeeds, nobody knows what the engines hold.
+  if (engine_method == "set_weight_version") known_.forget_version();
+  if (engine_method == "pause_scheduler" || engine_method == "resume_scheduler") {
+    known_.forget_paused();
+  }
   ++calls_in_flight_;
   result.replies = engines_.call_all(engine_method, args, options);
   --calls_in_flight_;
@@ -204,9 +209,13 @@ Response WeightSyncService::lifecycle(const Route& route, const Query&, std::str
 Response WeightSyncService::read_only(const Route& route, const Query& query) {
   const bool is_version = route.operation == Operation::kWeightInfo;
   // The engine runs utility calls one at a time, so a query sent while an update blocks it
-  // would wait for the update. Answer from what the engines last told us instead.
-  if ((is_version || route.operation == Operation::kIsPaused) && calls_in_flight_.load() > 0) {
-    known_.sync(engines_.engines());
+  // would wait for the update. Answer from what the engines last told us instead, and
+  // whenever that is certain (no call that changes it has been made since, or failed): a
+  // round trip would return the same.
+  const bool reads_state = is_version || route.operation == Operation::kIsPaused;
+  if (reads_state) known_.sync(engines_.engines());
+  const bool certain = is_version ? known_.version_certain() : known_.paused_certain();
+  if (reads_state && (certain || calls_in_flight_.load() > 0)) {
     if (!is_version) {
       return {200, std::string("{\"is_paused\":") + (known_.paused() ? "true" : "false") + "}"};
     }

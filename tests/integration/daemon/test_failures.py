@@ -41,8 +41,8 @@ class FinishFailureTest(harness.DaemonTestCase):
         # step-1 was never sent to the engine: only step-0 ever was.
         sent = [call["args"] for call in engine.calls() if call["method"] == "set_weight_version"]
         self.assertEqual(sent, [["step-0"]])
-        self.assertEqual(methods(engine.calls())[-2:],
-                         ["finish_weight_update", "get_weight_version"])
+        # Answered from what the engines last reported (nothing changed it): no query.
+        self.assertEqual(methods(engine.calls())[-1], "finish_weight_update")
 
     def test_failed_set_weight_version_after_a_good_finish_is_named(self):
         daemon, (engine,), _ = self.start_external(
@@ -92,16 +92,13 @@ class DataParallelTest(harness.DaemonTestCase):
         expected = [
             rpc("init_weight_transfer_engine", {"init_info": harness.NCCL_INIT_INFO}),
             ("pause_scheduler", ["abort", True]),
-            ("is_scheduler_paused", []),
             rpc("start_weight_update"),
             rpc("update_weights", {"update_info": UPDATE}),
             rpc("update_weights", {"update_info": update_list}),
             rpc("finish_weight_update"),
             ("set_weight_version", ["step-1"]),
             ("resume_scheduler", []),
-            ("get_weight_version", []),
             ("set_weight_version", ["step-2"]),
-            ("get_weight_version", []),
             rpc("start_draft_weight_update"),
         ]
         for engine in engines:
@@ -168,6 +165,21 @@ class TimeoutTest(harness.DaemonTestCase):
         self.assertEqual(methods(engine.calls()), ["start_weight_update"])
         self.assertEqual(daemon.get("/version").status_code, 200)
         daemon.wait_no_pending_calls()  # expired, not leaked
+
+
+class KnownStateTest(harness.DaemonTestCase):
+
+    def test_after_a_failed_pause_is_paused_asks_the_engines_again(self):
+        daemon, (engine,), _ = self.start_external(
+            engine_extra={0: ["--inject-fail", "pause_scheduler"]})
+        self.assert_json(daemon.get("/is_paused"), 200, {"is_paused": False})
+        self.assertEqual(methods(engine.calls()), [])  # known: a new engine is not paused
+        self.assertEqual(daemon.post("/pause").status_code, 500)
+        # The pause may or may not have happened: only the engine can say.
+        self.assert_json(daemon.get("/is_paused"), 200, {"is_paused": False})
+        self.assertEqual(methods(engine.calls()), ["pause_scheduler", "is_scheduler_paused"])
+        self.assert_json(daemon.get("/is_paused"), 200, {"is_paused": False})
+        self.assertEqual(len(engine.calls()), 2)  # known again
 
 
 class GarbageFramesTest(harness.DaemonTestCase):
@@ -275,8 +287,8 @@ class EngineDeathTest(harness.DaemonTestCase):
         self.assert_json(daemon.get("/weight_info"), 200, {"weight_version": "default"})
         self.assert_json(daemon.post("/start_weight_update"), 200,
                          {"message": "Weight update started"})
-        self.assertEqual(methods(restarted.calls()),
-                         ["get_weight_version", "start_weight_update"])
+        # A new engine process holds "default": /weight_info needed no query.
+        self.assertEqual(methods(restarted.calls()), ["start_weight_update"])
         self.assertTrue(daemon.alive())
 
 

@@ -112,14 +112,12 @@ class LifecycleTest(harness.DaemonTestCase):
             rpc("finish_weight_update"),
             rpc("start_weight_update"),
             rpc("finish_weight_update"),
+            # /weight_info and /is_paused answer from what vllmd's own successful calls set:
+            # no get_weight_version or is_scheduler_paused round trips.
             ("set_weight_version", ["step-1"]),
-            ("get_weight_version", []),
             ("set_weight_version", ["step-2"]),
-            ("get_weight_version", []),
             ("pause_scheduler", ["wait", False]),
-            ("is_scheduler_paused", []),
             ("resume_scheduler", []),
-            ("is_scheduler_paused", []),
             rpc("start_draft_weight_update"),
         ]
         calls = engine.calls()
@@ -150,7 +148,7 @@ class LifecycleTest(harness.DaemonTestCase):
         self.assertEqual(calls[1]["args_hex"],
                          "94b373746172745f7765696768745f757064617465c09080")
         self.assertEqual(calls[7]["args_hex"], "91a6737465702d31")
-        self.assertEqual(calls[8]["args_hex"], "90")
+        self.assertEqual(calls[10]["args_hex"], "90")  # resume_scheduler: no arguments
 
     def test_versions_and_large_payloads_pass_through_unchanged(self):
         daemon, (engine,), _ = self.start_external(dp=1, backend="ipc")
@@ -178,13 +176,13 @@ class LifecycleTest(harness.DaemonTestCase):
 
         calls = engine.calls()
         self.assertEqual([m for m, _ in harness.wire(calls)], [
-            "set_weight_version", "get_weight_version", "collective_rpc", "collective_rpc",
-            "collective_rpc", "collective_rpc", "set_weight_version", "get_weight_version"])
+            "set_weight_version", "collective_rpc", "collective_rpc", "collective_rpc",
+            "collective_rpc", "set_weight_version"])
         self.assertEqual(calls[0]["args"], [version])
-        self.assertEqual(calls[2]["args"], ["init_weight_transfer_engine", None, [],
+        self.assertEqual(calls[1]["args"], ["init_weight_transfer_engine", None, [],
                                             {"init_info": {}}])
-        self.assertEqual(calls[4]["args"], ["update_weights", None, [], {"update_info": info}])
-        self.assertEqual(calls[6]["args"], [version + "!"])
+        self.assertEqual(calls[3]["args"], ["update_weights", None, [], {"update_info": info}])
+        self.assertEqual(calls[5]["args"], [version + "!"])
 
 
 if __name__ == "__main__":

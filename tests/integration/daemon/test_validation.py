@@ -118,8 +118,8 @@ class ValidationTest(harness.DaemonTestCase):
                 self.assertEqual(self.engine.calls(), [], "an invalid request reached the engine")
         # A valid call afterwards is recorded: the record file works, so its silence above
         # means the engine really saw nothing.
-        self.assert_json(self.daemon.get("/is_paused"), 200, {"is_paused": False})
-        self.assertEqual(harness.wire(self.engine.calls()), [("is_scheduler_paused", [])])
+        self.assert_json(self.daemon.post("/resume"), 200, {"status": "resumed"})
+        self.assertEqual(harness.wire(self.engine.calls()), [("resume_scheduler", [])])
 
     def test_a_required_body_that_is_missing_is_rejected(self):
         for path in ("/init_weight_transfer_engine", "/update_weights", "/update_weight_version"):
