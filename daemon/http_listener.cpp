@@ -29,13 +29,6 @@ namespace {
 
 using Poco::Net::HTTPResponse;
 
-// Poco keeps what it read ahead in the session; a pipelined request may be waiting there.
-class Session final : public Poco::Net::HTTPServerSession {
- public:
-  using HTTPServerSession::HTTPServerSession;
-  bool has_buffered_input() const { return buffered() > 0; }
-};
-
 Poco::Timespan timespan(double seconds) {
   return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(seconds * 1e6));
 }
@@ -73,6 +66,16 @@ Poco::AutoPtr<Poco::Net::Context> tls_context(const ListenerOptions& options) {
 
 int fd_of(const Poco::Net::Socket& socket) { return socket.impl()->sockfd(); }
 
+void signal(int event_fd) {
+  const std::uint64_t one = 1;
+  [[maybe_unused]] const ssize_t written = ::write(event_fd, &one, sizeof one);
+}
+
+void drain(int event_fd) {
+  std::uint64_t count = 0;
+  [[maybe_unused]] const ssize_t got = ::read(event_fd, &count, sizeof count);
+}
+
 }  // namespace
 
 struct HttpListener::Connection {
@@ -101,7 +104,8 @@ HttpListener::HttpListener(const ListenerOptions& options,
   peek_buffer_.resize(static_cast<std::size_t>(options.max_header_bytes) + 1);
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (epoll_fd_ < 0 || wake_fd_ < 0) throw std::runtime_error("epoll: " + std::string(std::strerror(errno)));
+  need_worker_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epoll_fd_ < 0 || wake_fd_ < 0 || need_worker_fd_ < 0) throw std::runtime_error("epoll: " + std::string(std::strerror(errno)));
   epoll_event wake{};
   wake.events = EPOLLIN;
   wake.data.fd = wake_fd_;
@@ -120,6 +124,7 @@ HttpListener::~HttpListener() {
   abort();
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
+  if (need_worker_fd_ >= 0) ::close(need_worker_fd_);
 }
 
 void HttpListener::start() {
@@ -127,10 +132,7 @@ void HttpListener::start() {
   for (int i = 0; i < options_.threads; ++i) workers_.emplace_back([this] { work_loop(); });
 }
 
-void HttpListener::wake() const {
-  const std::uint64_t one = 1;
-  [[maybe_unused]] const ssize_t written = ::write(wake_fd_, &one, sizeof one);
-}
+void HttpListener::wake() const { signal(wake_fd_); }
 
 void HttpListener::stop_accepting() {
   accepting_ = false;
@@ -193,8 +195,7 @@ void HttpListener::poll_loop() {
     for (int i = 0; i < ready && !stopping_; ++i) {
       const int fd = events[static_cast<std::size_t>(i)].data.fd;
       if (fd == wake_fd_) {
-        std::uint64_t count = 0;
-        [[maybe_unused]] const ssize_t got = ::read(wake_fd_, &count, sizeof count);
+        drain(wake_fd_);
       } else if (listening_ && fd == fd_of(listen_socket_)) {
         accept_all();
       } else {
@@ -301,6 +302,7 @@ void HttpListener::dispatch(std::unique_ptr<Connection> connection) {
     if (static_cast<int>(queue_.size()) < options_.max_queued) {
       queue_.push_back(std::move(connection));
       work_ready_.notify_one();
+      if (idle_workers_ == 0) signal(need_worker_fd_);  // lingering workers: come back
       return;
     }
   }
@@ -357,6 +359,7 @@ void HttpListener::work_loop() {
       if (stopping_) return;
       connection = std::move(queue_.front());
       queue_.pop_front();
+      if (queue_.empty()) drain(need_worker_fd_);
       serving_.insert(connection.get());
     }
     serve(*connection);
@@ -415,8 +418,12 @@ void HttpListener::serve(Connection& connection) {
 // delays a request waiting in the queue, and never for a partial header (the poller's job).
 bool HttpListener::next_request_soon(Connection& connection) {
   if (tls_ || idle_workers_ == 0 || !accepting_) return false;
-  pollfd ready{connection.fd, POLLIN, 0};
-  if (::poll(&ready, 1, kLingerMilliseconds) != 1 || (ready.revents & POLLIN) == 0) return false;
+  // A request queued with no idle worker ends every linger (need_worker_fd_).
+  pollfd ready[2] = {{connection.fd, POLLIN, 0}, {need_worker_fd_, POLLIN, 0}};
+  if (::poll(ready, 2, kLingerMilliseconds) < 1 || ready[1].revents != 0 ||
+      (ready[0].revents & POLLIN) == 0) {
+    return false;
+  }
   thread_local std::vector<char> peek;
   peek.resize(static_cast<std::size_t>(options_.max_header_bytes));
   const ssize_t peeked = ::recv(connection.fd, peek.data(), peek.size(), MSG_PEEK | MSG_DONTWAIT);

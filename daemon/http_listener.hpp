@@ -9,6 +9,7 @@
 #include <Poco/Net/Context.h>
 #include <Poco/Net/HTTPRequestHandlerFactory.h>
 #include <Poco/Net/HTTPServerParams.h>
+#include <Poco/Net/HTTPServerSession.h>
 #include <Poco/Net/ServerSocket.h>
 
 #include <atomic>
@@ -26,6 +27,17 @@
 
 
 namespace vllmd::daemon {
+
+// The session every connection gets: Poco's, with two protected members opened up.
+class Session final : public Poco::Net::HTTPServerSession {
+ public:
+  using HTTPServerSession::HTTPServerSession;
+  // Poco keeps what it read ahead here; a pipelined request may be waiting in it.
+  bool has_buffered_input() const { return buffered() > 0; }
+  // Read-ahead bytes first, then one receive straight into `buffer`: large bodies skip the
+  // request stream's 4 KiB buffer.
+  int read_some(char* buffer, std::streamsize length) { return read(buffer, length); }
+};
 
 struct ListenerOptions {
   std::string host = "127.0.0.1";
@@ -84,7 +96,7 @@ class HttpListener {
   bool serve_one(Connection& connection);
   bool next_request_soon(Connection& connection);
   void close_parked();
-  void wake() const;
+  void wake() const;  // the poller
 
   ListenerOptions options_;
   Poco::Net::HTTPRequestHandlerFactory::Ptr factory_;
@@ -93,7 +105,8 @@ class HttpListener {
   Poco::Net::ServerSocket listen_socket_;
   std::uint16_t port_ = 0;
   int epoll_fd_ = -1;
-  int wake_fd_ = -1;
+  int wake_fd_ = -1;         // wakes the poller
+  int need_worker_fd_ = -1;  // set while a queued request waits with no idle worker
 
   mutable std::mutex mutex_;
   std::condition_variable work_ready_;

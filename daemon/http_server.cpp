@@ -3,9 +3,11 @@
 #include <Poco/Net/HTTPRequestHandler.h>
 #include <Poco/Net/HTTPRequestHandlerFactory.h>
 #include <Poco/Net/HTTPServerRequest.h>
+#include <Poco/Net/HTTPServerRequestImpl.h>
 #include <Poco/Net/HTTPServerResponse.h>
 #include <Poco/URI.h>
 
+#include <algorithm>
 #include <chrono>
 #include <istream>
 
@@ -37,10 +39,26 @@ bool read_body(HTTPServerRequest& request, std::int64_t limit, std::string& body
     return false;
   }
   if (length >= 0) {
+    // Straight from the session: its read() hands out what Poco read ahead, then receives
+    // into `body` directly. The request stream would go through a 4 KiB buffer: 20,000
+    // receive calls and a copy for an 80 MB update.
     body.resize(static_cast<std::size_t>(length));
-    in.read(body.data(), length);
-    body.resize(static_cast<std::size_t>(in.gcount()));
-    in_sync = in.gcount() == length;
+    auto& session =
+        dynamic_cast<Session&>(static_cast<Poco::Net::HTTPServerRequestImpl&>(request).session());
+    std::int64_t got = 0;
+    while (got < length) {
+      const int chunk = static_cast<int>(std::min<std::int64_t>(length - got, 1 << 30));
+      int n = 0;
+      try {
+        n = session.read_some(body.data() + got, chunk);
+      } catch (const Poco::Exception& error) {  // timeout or reset: the body stays short
+        log::debug("reading the request body failed: ", error.displayText());
+      }
+      if (n <= 0) break;
+      got += n;
+    }
+    body.resize(static_cast<std::size_t>(got));
+    in_sync = got == length;
     return true;
   }
   // Neither a length nor chunked encoding: an HTTP/1.1 request has no body (RFC 9112 6.3).
