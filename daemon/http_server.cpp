@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <istream>
 
 #include "common/util/log.hpp"
@@ -110,6 +111,9 @@ class RouteHandler final : public HTTPRequestHandler {
     try {
       const auto status = static_cast<Poco::Net::HTTPResponse::HTTPStatus>(reply.status);
       response.setStatusAndReason(status, Poco::Net::HTTPResponse::getReasonForStatus(status));
+      if (body_read_ms_ > 0 || reply.engine_seconds > 0) {
+        response.set("Server-Timing", server_timing(started, reply.engine_seconds));
+      }
       response.setContentType(reply.content_type);
       response.setContentLength64(static_cast<std::int64_t>(reply.body.size()));
       response.send().write(reply.body.data(), static_cast<std::streamsize>(reply.body.size()));
@@ -147,7 +151,12 @@ class RouteHandler final : public HTTPRequestHandler {
             api::forbidden("client address " + host.toString() + " is not allowed"));
       }
     }
+    const auto reading = std::chrono::steady_clock::now();
     const bool fits = read_body(request, policy->max_body_bytes, body, in_sync);
+    if (!body.empty()) {
+      body_read_ms_ = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - reading).count();
+    }
     if (!in_sync) response.setKeepAlive(false);
     if (!fits) {
       return api::error_response(api::payload_too_large(
@@ -169,6 +178,20 @@ class RouteHandler final : public HTTPRequestHandler {
     if (found->operation == api::Operation::kReload) return reload();
     const api::Query query = api::parse_query(uri.getRawQuery());
     return context_.service->handle(*found, query, body);
+  }
+
+  // Where the time went (W3C Server-Timing, milliseconds): receiving the body, waiting for
+  // the engines, and vllmd's own work in between (validation, transcoding, framing).
+  std::string server_timing(std::chrono::steady_clock::time_point started,
+                            double engine_seconds) const {
+    const double total =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+            .count();
+    const double engine = engine_seconds * 1e3;
+    char text[160];
+    std::snprintf(text, sizeof text, "read;dur=%.3f, engine;dur=%.3f, vllmd;dur=%.3f", body_read_ms_,
+                  engine, std::max(0.0, total - body_read_ms_ - engine));
+    return text;
   }
 
   api::Response reload() const {
@@ -202,6 +225,7 @@ class RouteHandler final : public HTTPRequestHandler {
   }
 
   ServerContext& context_;
+  double body_read_ms_ = 0;  // one handler per request
 };
 
 class Factory final : public Poco::Net::HTTPRequestHandlerFactory {

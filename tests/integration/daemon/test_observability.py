@@ -75,6 +75,20 @@ class MetricsTest(harness.DaemonTestCase):
                       "vllmd_http_connections_refused_total"):
             self.assertIn((gauge, frozenset()), values)
 
+    def test_server_timing_splits_a_call_into_body_engine_and_vllmd_time(self):
+        daemon, _, _ = self.start_external(engine_extra={0: ["--inject-delay",
+                                                            "start_weight_update=0.3"]})
+        response = daemon.post("/start_weight_update", json={})
+        self.assertEqual(response.status_code, 200)
+        timing = dict(re.fullmatch(r"(\w+);dur=([\d.]+)", part.strip()).groups()
+                      for part in response.headers["Server-Timing"].split(","))
+        self.assertEqual(sorted(timing), ["engine", "read", "vllmd"])
+        self.assertGreaterEqual(float(timing["engine"]), 300)  # the injected delay
+        self.assertGreater(float(timing["read"]), 0)  # "{}" was read
+        self.assertLess(float(timing["vllmd"]), 100)
+        # Nothing to split for a bodyless answer from vllmd itself.
+        self.assertNotIn("Server-Timing", daemon.get("/health").headers)
+
     def test_engine_up_drops_to_zero_when_the_engine_dies(self):
         daemon, (engine,), _ = self.start_external()
         engine.kill()
