@@ -67,8 +67,7 @@ std::string Notifier::engines_status() const {
 }
 
 void Notifier::watch() {
-  // Half the watchdog period, as systemd recommends; a quarter second otherwise, so READY=1
-  // follows the last engine's admission closely.
+  // Half the watchdog period, as systemd recommends; a quarter second otherwise.
   const auto period = watchdog_.count() > 0
                           ? std::min<std::chrono::microseconds>(watchdog_ / 2, std::chrono::seconds(1))
                           : std::chrono::microseconds(std::chrono::milliseconds(250));
@@ -91,6 +90,12 @@ void Notifier::watch() {
     // worker pool or acceptor stops it, and systemd restarts vllmd.
     if (watchdog_.count() > 0 && probe_()) state += "WATCHDOG=1\n";
     if (!state.empty()) notify(state);
+    if (!ready_sent) {
+      // Woken by the last engine's admission itself: READY=1 follows it at once.
+      engines_.wait_all_ready(std::chrono::duration_cast<std::chrono::milliseconds>(period));
+      lock.lock();
+      continue;
+    }
     lock.lock();
     wake_.wait_for(lock, period, [this] { return stop_; });
   }

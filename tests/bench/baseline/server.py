@@ -564,7 +564,7 @@ class Service:
         return document
 
     async def lifecycle(self, worker_method, message, document=None, kwarg=None, version=None,
-                        set_version_only=False):
+                        set_version_only=False, timing=None):
         """A weight-sync call, serialized across clients; the 200 body on success."""
         if not self.lifecycle_lock.locked():
             await self.lifecycle_lock.acquire()
@@ -581,8 +581,11 @@ class Service:
                                    timeout, True)
                 return {"success": True, "new_version": version}
             kwargs = {kwarg: document[kwarg]} if kwarg else {}
+            called = time.perf_counter()
             await self.fan_out(worker_method, "collective_rpc",
                                [worker_method, None, [], kwargs], timeout, True)
+            if timing is not None:
+                timing["engine"] = time.perf_counter() - called
             if version is not None:
                 # Only now that every engine finished: a failure here names set_weight_version.
                 await self.fan_out("set_weight_version", "set_weight_version", [version],
@@ -694,15 +697,26 @@ def build_app(service, dev_mode):
 
     @app.post("/update_weights")
     async def update_weights(request: Request):
-        document = service.parse_object(await service.read_body(request))
+        started = time.perf_counter()
+        body = await service.read_body(request)
+        read = time.perf_counter() - started
+        document = service.parse_object(body)
         info = document.get("update_info")
         if not (isinstance(info, dict) or
                 (isinstance(info, list) and all(isinstance(item, dict) for item in info))):
             raise invalid_request(
                 "'update_info' must be a JSON object or a list of per-worker JSON objects",
                 "update_info")
-        return JSONResponse(await service.lifecycle(
-            "update_weights", "Weights updated", document, "update_info"))
+        timing = {}
+        result = await service.lifecycle("update_weights", "Weights updated", document,
+                                         "update_info", timing=timing)
+        # The same split as vllmd's Server-Timing header (milliseconds): receiving the body,
+        # the engine call (packing, sending, waiting), and the server's own work between.
+        total = time.perf_counter() - started
+        engine = timing.get("engine", 0.0)
+        header = (f"read;dur={read * 1e3:.3f}, engine;dur={engine * 1e3:.3f}, "
+                  f"app;dur={max(0.0, total - read - engine) * 1e3:.3f}")
+        return JSONResponse(result, headers={"Server-Timing": header})
 
     @app.post("/finish_weight_update")
     async def finish_weight_update(request: Request):

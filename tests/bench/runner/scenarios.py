@@ -1,6 +1,7 @@
 """The scenarios. Each returns plain dicts (kept in the --json output); processes are stopped
 in `finally`, and a failed step is recorded with ctx.fail and the run goes on."""
 
+import http.client
 import os
 import select
 import socket
@@ -23,6 +24,39 @@ def median_round(rounds):
     chosen["rounds_rps"] = [r["rps"] for r in good]
     chosen["rounds_sequences_per_s"] = [r["sequences_per_s"] for r in good]
     return chosen
+
+
+def server_timing(header):
+    """{'read': ms, 'engine': ms, 'own': ms} from a Server-Timing header (vllmd names its own
+    share 'vllmd', the baseline 'app')."""
+    timing = {}
+    for part in header.split(","):
+        name, _, value = part.strip().partition(";dur=")
+        timing["own" if name in ("vllmd", "app") else name] = float(value)
+    return timing
+
+
+def timed_updates(port, path, iterations):
+    """Median Server-Timing split of `iterations` start/update/finish sequences."""
+    with open(path, "rb") as handle:
+        body = handle.read()
+    splits = []
+    for _ in range(iterations):
+        http_call(port, "POST", "/start_weight_update")
+        connection = http.client.HTTPConnection(HOST, port, timeout=600)
+        try:
+            connection.request("POST", "/update_weights", body=body,
+                               headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+            if response.status == 200 and response.getheader("Server-Timing"):
+                splits.append(server_timing(response.getheader("Server-Timing")))
+        finally:
+            connection.close()
+        http_call(port, "POST", "/finish_weight_update", FINISH_BODY)
+    if not splits:
+        return None
+    return {key: statistics.median(split[key] for split in splits) for key in splits[0]}
 
 
 def scenario_throughput(ctx, servers, groups):
@@ -100,14 +134,15 @@ def scenario_update(ctx, server, kind, backend):
                                      f"POST /finish_weight_update {FINISH_BODY}"],
                           connections=1, duration=600, warmup=0, iterations=iterations,
                           label=f"{server} update {kind}")
-        peak = read_proc_status(rig.pid)
         after = metric_sum_count(rig.port, "update") if server == "vllmd" else None
+        timing = timed_updates(rig.port, path, iterations)
+        peak = read_proc_status(rig.pid)
         update = result["steps"][1]
         out = {"body_bytes": size, "load": result, "idle_rss": idle.get("VmRSS"),
                "peak_rss": peak.get("VmHWM"), "update_p50_ms": update["latency_ms"]["p50"],
                "update_mean_ms": update["latency_ms"]["mean"],
                "update_ok": update["ok"], "update_requests": update["requests"],
-               "first_error": update.get("first_error", "")}
+               "first_error": update.get("first_error", ""), "timing_ms": timing}
         if before and after and after[1] > before[1]:
             out["engine_mean_ms"] = (after[0] - before[0]) / (after[1] - before[1]) * 1e3
         return out
