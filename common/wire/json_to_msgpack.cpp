@@ -9,6 +9,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 namespace vllmd::wire {
 
@@ -115,6 +119,24 @@ std::size_t utf8_sequence(const unsigned char* s, const unsigned char* end) {
   return 0;
 }
 
+// A large output is written once, front to back, into fresh memory: with 4 KiB pages that is a
+// page fault per 4 KiB, which cost more than the parsing itself (~60% of the time on a 40 MB
+// body). Asking for transparent huge pages makes it one fault per 2 MiB. Only a hint: without
+// THP (or with THP "always") nothing changes.
+void advise_huge_pages(char* block, std::size_t size) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr std::size_t kWorthIt = std::size_t{4} << 20;
+  if (size < kWorthIt) return;
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto first = (reinterpret_cast<std::uintptr_t>(block) + page - 1) & ~(page - 1);
+  const auto last = (reinterpret_cast<std::uintptr_t>(block) + size) & ~(page - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#else
+  (void)block;
+  (void)size;
+#endif
+}
+
 char* put_utf8(char* out, std::uint32_t code) {
   if (code < 0x80) {
     *out++ = static_cast<char>(code);
@@ -142,7 +164,9 @@ class Transcoder {
 
   void run() {
     // Typical bodies are mostly long strings, whose msgpack is no longer than their JSON.
-    out_.reserve(static_cast<std::size_t>(end_ - begin_) + 64);
+    const std::size_t capacity = static_cast<std::size_t>(end_ - begin_) + 64;
+    out_.reserve(capacity);
+    advise_huge_pages(out_.data(), capacity);
     skip_whitespace();
     if (p_ == end_) fail("Expecting value: empty body");
     result_.root = parse_value(1);
