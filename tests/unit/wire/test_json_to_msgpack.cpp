@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <functional>
 #include <msgpack.hpp>
 #include <string>
 #include <string_view>
@@ -451,6 +452,94 @@ TEST_CASE("nested containers of mixed widths") {
   CHECK(find_key(outer->via.array.ptr[19], "list")->via.array.size == 19);
   CHECK(find_key(handle->get(), "big")->via.array.size == 70000);
   CHECK(as_str(*find_key(handle->get(), "tail")) == "end");
+}
+
+TEST_CASE("headers widened after large first elements") {
+  // Headers are placed 1 byte wide and widened at the 16th and 65536th element by moving the
+  // body so far; past a budget of moved bytes (an eighth of the input) the rest are inserted by
+  // one final sweep. Large first elements cross the budget at different depths.
+  const std::string big = "\"" + std::string(200000, 'x') + "\"";
+  auto array_after = [](std::string_view first, std::size_t more) {
+    std::string json = "[" + std::string(first);
+    for (std::size_t i = 0; i < more; ++i) json += "," + std::to_string(i % 200);
+    return json + "]";
+  };
+  std::vector<std::string> documents = {
+      array_after(big, 15),                                  // 16: widened by the sweep
+      array_after(big, 14),                                  // 15: never widened
+      array_after(big, 70000),                               // 65536+: from 1 byte to 5
+      array_after(array_after(big, 20), 20),                 // nested, both deferred
+      array_after(array_after("1", 20), 15) + "",            // small: moved
+      "[" + array_after("1", 20) + "," + array_after(big, 20) + "," + array_after("2", 17) +
+          "," + array_after(big, 3) + "]",                   // moved, then deferred, then not
+      array_after(array_after("0", 70000), 20),              // 65536 moved, outer deferred
+  };
+  std::string object = "{";
+  for (int i = 0; i < 40; ++i) {
+    object += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":";
+    object += i % 7 == 3 ? array_after(big, 16 + i) : array_after("[]", i);
+  }
+  documents.push_back(object + "}");
+  for (const std::string& document : documents) {
+    CAPTURE(document.size());
+    auto result = json_to_msgpack(document);
+    REQUIRE(result.has_value());
+    const std::string bytes = result->msgpack.str();
+    CHECK(msgpack_c_repack(bytes) == bytes);
+    auto handle = decode(bytes);
+    REQUIRE(handle.has_value());
+  }
+  // Top-level members keep their value bytes when headers before them are widened either way.
+  auto result = json_to_msgpack(object + "}");
+  REQUIRE(result.has_value());
+  REQUIRE(result->members.size() == 40);
+  for (int i = 0; i < 40; ++i) {
+    CAPTURE(i);
+    const TopLevelMember& member = result->members[i];
+    CHECK(member.key == "k" + std::to_string(i));
+    const std::string value = i % 7 == 3 ? array_after(big, 16 + i) : array_after("[]", i);
+    CHECK(result->value_bytes(member) == transcode(value));
+  }
+}
+
+TEST_CASE("random nesting: msgpack-c agrees and members are exact") {
+  vllmd::test::SplitMix64 random(7);
+  // A value of random shape: containers of 0..40 elements (sometimes 16 exactly), strings up to
+  // 40 kB, so some bodies exceed the move budget and some do not.
+  std::function<std::string(int)> value = [&](int depth) -> std::string {
+    const auto pick = random.below(depth > 4 ? 3 : 6);
+    if (pick == 0) return std::to_string(random.below(100000));
+    if (pick == 1) return "\"" + std::string(random.chance(10) ? random.below(40000) : 3, 's') + "\"";
+    if (pick == 2) return "null";
+    const std::size_t count = random.chance(30) ? 16 : random.below(41);
+    const bool object = pick == 3;
+    std::string json = object ? "{" : "[";
+    for (std::size_t i = 0; i < count; ++i) {
+      if (i) json += ",";
+      if (object) json += "\"" + std::to_string(i) + "\":";
+      json += value(depth + 1);
+    }
+    return json + (object ? "}" : "]");
+  };
+  for (int round = 0; round < 30; ++round) {
+    CAPTURE(round);
+    std::vector<std::string> values;
+    std::string json = "{";
+    const std::size_t members = random.below(20);
+    for (std::size_t i = 0; i < members; ++i) {
+      values.push_back(value(1));
+      json += (i ? ",\"m" : "\"m") + std::to_string(i) + "\":" + values.back();
+    }
+    json += "}";
+    auto result = json_to_msgpack(json);
+    REQUIRE(result.has_value());
+    const std::string bytes = result->msgpack.str();
+    CHECK(msgpack_c_repack(bytes) == bytes);
+    REQUIRE(result->members.size() == members);
+    for (std::size_t i = 0; i < members; ++i) {
+      CHECK(result->value_bytes(result->members[i]) == transcode(values[i]));
+    }
+  }
 }
 
 TEST_CASE("nesting depth limit") {
