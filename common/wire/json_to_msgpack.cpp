@@ -10,6 +10,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define VLLMD_HAVE_AVX2_SCAN 1
+#endif
 #if defined(__linux__)
 #include <sys/mman.h>
 #include <unistd.h>
@@ -143,6 +147,74 @@ void advise_huge_pages(char* block, std::size_t size) {
   (void)block;
   (void)size;
 #endif
+}
+
+// String scanning: skip_plain(s, end) returns the first byte at or after s that needs a look
+// (a quote, a backslash, a control byte or a byte >= 0x80), or, when none is found, the point
+// where fewer than 16 bytes are left; the caller goes on byte by byte from there.
+#if defined(__SSE2__)
+// Bit i set when byte i of the 16 at s needs a look. The compare is signed: bytes >= 0x80 are
+// negative, so they stop the scan like control bytes.
+unsigned special_mask16(const char* s) {
+  const __m128i chunk = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i special = _mm_or_si128(
+      _mm_or_si128(_mm_cmpeq_epi8(chunk, _mm_set1_epi8('"')), _mm_cmpeq_epi8(chunk, _mm_set1_epi8('\\'))),
+      _mm_cmplt_epi8(chunk, _mm_set1_epi8(0x20)));
+  return static_cast<unsigned>(_mm_movemask_epi8(special));
+}
+
+const char* skip_plain_sse2(const char* s, const char* end) {
+  while (end - s >= 16) {
+    const unsigned mask = special_mask16(s);
+    if (mask != 0) return s + __builtin_ctz(mask);
+    s += 16;
+  }
+  return s;
+}
+#else
+const char* skip_plain_sse2(const char* s, const char*) { return s; }
+#endif
+
+#if defined(VLLMD_HAVE_AVX2_SCAN)
+// The same 32 bytes at a time; chosen at run time, so the binary still runs without AVX2.
+__attribute__((target("avx2"))) const char* skip_plain_avx2(const char* s, const char* end) {
+  const __m256i quote = _mm256_set1_epi8('"');
+  const __m256i backslash = _mm256_set1_epi8('\\');
+  const __m256i control = _mm256_set1_epi8(0x20);
+  while (end - s >= 32) {
+    const __m256i chunk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+    const __m256i special = _mm256_or_si256(
+        _mm256_or_si256(_mm256_cmpeq_epi8(chunk, quote), _mm256_cmpeq_epi8(chunk, backslash)),
+        _mm256_cmpgt_epi8(control, chunk));
+    const auto mask = static_cast<unsigned>(_mm256_movemask_epi8(special));
+    if (mask != 0) return s + __builtin_ctz(mask);
+    s += 32;
+  }
+  return skip_plain_sse2(s, end);
+}
+#endif
+
+using SkipPlain = const char* (*)(const char*, const char*);
+
+SkipPlain pick_skip_plain() {
+#if defined(VLLMD_HAVE_AVX2_SCAN)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) return skip_plain_avx2;
+#endif
+  return skip_plain_sse2;
+}
+
+const char* skip_plain(const char* s, const char* end) {
+#if defined(__SSE2__)
+  // Keys and short values mostly end within 16 bytes: no indirect call for them.
+  if (end - s >= 16) {
+    const unsigned mask = special_mask16(s);
+    if (mask != 0) return s + __builtin_ctz(mask);
+    s += 16;
+  }
+#endif
+  static const SkipPlain wide = pick_skip_plain();
+  return wide(s, end);
 }
 
 char* put_utf8(char* out, std::uint32_t code) {
@@ -321,24 +393,7 @@ class Transcoder {
   const char* scan_string(bool& escaped) {
     const char* s = p_;
     for (;;) {
-#if defined(__SSE2__)
-      const __m128i quote = _mm_set1_epi8('"');
-      const __m128i backslash = _mm_set1_epi8('\\');
-      const __m128i control = _mm_set1_epi8(0x20);
-      while (end_ - s >= 16) {
-        const __m128i chunk = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
-        // Signed compare: bytes >= 0x80 are negative, so they stop the scan like controls.
-        const __m128i special =
-            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(chunk, quote), _mm_cmpeq_epi8(chunk, backslash)),
-                         _mm_cmplt_epi8(chunk, control));
-        const int mask = _mm_movemask_epi8(special);
-        if (mask != 0) {
-          s += __builtin_ctz(static_cast<unsigned>(mask));
-          break;
-        }
-        s += 16;
-      }
-#endif
+      s = skip_plain(s, end_);
       if (s == end_) fail_at(p_ - 1, "Unterminated string starting");
       const auto c = static_cast<unsigned char>(*s);
       if (c == '"') return s;

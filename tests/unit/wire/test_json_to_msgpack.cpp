@@ -69,6 +69,13 @@ bool contains_float(const msgpack::object& object) {
   }
 }
 
+std::string msgpack_str_of(std::string_view text) {
+  StringBuffer expected;
+  Packer packer(expected);
+  pack_str(packer, text);
+  return expected.bytes();
+}
+
 std::string json_array_of_zeros(std::size_t count) {
   std::string json = "[";
   for (std::size_t i = 0; i < count; ++i) json += i == 0 ? "0" : ",0";
@@ -222,6 +229,74 @@ TEST_CASE("string header widths") {
     CHECK(bytes.substr(c.header.size() / 2) == body);
     CHECK(msgpack_c_repack(bytes) == bytes);
   }
+}
+
+// Strings are scanned 16 or 32 bytes at a time (SSE2, or AVX2 when the CPU has it), then
+// byte by byte near the end of the input: every special byte at every position around those
+// block boundaries, in strings that end right at the end of the input or well before it.
+TEST_CASE("special bytes at every position around scan block boundaries") {
+  struct Special {
+    std::string_view json;     // as written inside the JSON string
+    std::string_view decoded;  // empty: the string is invalid
+    std::string_view error;
+  };
+  const std::vector<Special> specials = {
+      {"\\n", "\n", ""},
+      {"\\u00e9", "\xc3\xa9", ""},
+      {"\xc3\xa9", "\xc3\xa9", ""},
+      {"\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80", ""},
+      {"\x1f", "", "Invalid control character in string"},
+      {"\xff", "", "Invalid UTF-8 in string"},
+      {"\xc3", "", "Invalid UTF-8 in string"},  // truncated by the closing quote
+  };
+  for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16},
+                             std::size_t{17}, std::size_t{31}, std::size_t{32}, std::size_t{33},
+                             std::size_t{47}, std::size_t{63}, std::size_t{64}, std::size_t{65},
+                             std::size_t{95}, std::size_t{130}, std::size_t{300}}) {
+    for (std::size_t pos = 0; pos <= length; ++pos) {
+      for (const Special& special : specials) {
+        for (const std::string_view tail : {"", "   ", "                                    "}) {
+          CAPTURE(length);
+          CAPTURE(pos);
+          CAPTURE(to_hex(special.json));
+          CAPTURE(tail.size());
+          const std::string before(pos, 'a');
+          const std::string after(length - pos, 'b');
+          const std::string json = "\"" + before + std::string(special.json) + after + "\"" +
+                                   std::string(tail);
+          if (special.decoded.empty()) {
+            const JsonError error = transcode_error(json);
+            CHECK(error.message == special.error);
+            CHECK(error.offset == 1 + pos);
+          } else {
+            CHECK(transcode(json) == msgpack_str_of(before + std::string(special.decoded) + after));
+          }
+        }
+      }
+      // Unterminated: the scan runs into the end of the input at every length.
+      const JsonError error = transcode_error("\"" + std::string(pos, 'c'));
+      CHECK(error.message == "Unterminated string starting");
+      CHECK(error.offset == 0);
+    }
+  }
+}
+
+TEST_CASE("many short strings and very long strings") {
+  std::string json = "[";
+  StringBuffer expected;
+  Packer packer(expected);
+  packer.pack_array(5000);
+  for (int i = 0; i < 5000; ++i) {
+    const std::string text(static_cast<std::size_t>(i % 40), static_cast<char>('a' + i % 26));
+    json += (i ? ",\"" : "\"") + text + "\"";
+    pack_str(packer, text);
+  }
+  CHECK(transcode(json + "]") == expected.bytes());
+  // A long string with one escape near its end, and one with a non-ASCII character every 1000.
+  std::string text(3'000'000, 'z');
+  CHECK(transcode("\"" + text + "\\t\"") == msgpack_str_of(text + "\t"));
+  for (std::size_t i = 999; i < text.size(); i += 1000) text.replace(i - 1, 2, "\xc3\xa9");
+  CHECK(transcode("\"" + text + "\"") == msgpack_str_of(text));
 }
 
 TEST_CASE("string escapes") {
@@ -511,7 +586,8 @@ TEST_CASE("random nesting: msgpack-c agrees and members are exact") {
     if (pick == 0) return std::to_string(random.below(100000));
     if (pick == 1) return "\"" + std::string(random.chance(10) ? random.below(40000) : 3, 's') + "\"";
     if (pick == 2) return "null";
-    const std::size_t count = random.chance(30) ? 16 : random.below(41);
+    // Wide near the top, narrow deeper down: documents stay below a few MB.
+    const std::size_t count = random.chance(30) ? 16 : random.below(depth > 2 ? 5 : 41);
     const bool object = pick == 3;
     std::string json = object ? "{" : "[";
     for (std::size_t i = 0; i < count; ++i) {
