@@ -1,5 +1,6 @@
 #include "common/wire/json_to_msgpack.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -8,6 +9,14 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define VLLMD_HAVE_AVX2_SCAN 1
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 namespace vllmd::wire {
@@ -37,17 +46,18 @@ const TopLevelMember* Transcoded::find(std::string_view key) const {
 
 namespace {
 
-constexpr std::size_t kSlot = 5;  // widest container header: 0xdd/0xdf + 32-bit count
-
 struct Failure {
   std::size_t offset;
   const char* message;
 };
 
-// Unused leading bytes of a container's reserved header slot, removed by the final sweep.
-struct Gap {
-  std::size_t pos;
-  std::size_t size;
+// A container whose header outgrew the bytes placed for it when moving its body was not worth
+// it: the final sweep inserts the missing bytes.
+struct Deferred {
+  std::size_t slot;    // where the header starts
+  int placed;          // header bytes in the output now
+  std::size_t count;   // elements, final
+  bool map;
 };
 
 void store_be(char* out, std::uint64_t value, int bytes) {
@@ -79,6 +89,12 @@ int write_str_header(char* out, std::size_t length) {
   if (length < 0x100) return write_header(out, 0xd9, length, 1);
   if (length < 0x10000) return write_header(out, 0xda, length, 2);
   return write_header(out, 0xdb, length, 4);
+}
+
+int container_header_size(std::size_t count) {
+  if (count < 16) return 1;
+  if (count < 0x10000) return 3;
+  return 5;
 }
 
 int write_container_header(char* out, bool map, std::size_t count) {
@@ -115,6 +131,92 @@ std::size_t utf8_sequence(const unsigned char* s, const unsigned char* end) {
   return 0;
 }
 
+// A large output is written once, front to back, into fresh memory: with 4 KiB pages that is a
+// page fault per 4 KiB, which cost more than the parsing itself (~60% of the time on a 40 MB
+// body). Asking for transparent huge pages makes it one fault per 2 MiB. Only a hint: without
+// THP (or with THP "always") nothing changes.
+void advise_huge_pages(char* block, std::size_t size) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr std::size_t kWorthIt = std::size_t{4} << 20;
+  if (size < kWorthIt) return;
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto first = (reinterpret_cast<std::uintptr_t>(block) + page - 1) & ~(page - 1);
+  const auto last = (reinterpret_cast<std::uintptr_t>(block) + size) & ~(page - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#else
+  (void)block;
+  (void)size;
+#endif
+}
+
+// String scanning: skip_plain(s, end) returns the first byte at or after s that needs a look
+// (a quote, a backslash, a control byte or a byte >= 0x80), or, when none is found, the point
+// where fewer than 16 bytes are left; the caller goes on byte by byte from there.
+#if defined(__SSE2__)
+// Bit i set when byte i of the 16 at s needs a look. The compare is signed: bytes >= 0x80 are
+// negative, so they stop the scan like control bytes.
+unsigned special_mask16(const char* s) {
+  const __m128i chunk = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i special = _mm_or_si128(
+      _mm_or_si128(_mm_cmpeq_epi8(chunk, _mm_set1_epi8('"')), _mm_cmpeq_epi8(chunk, _mm_set1_epi8('\\'))),
+      _mm_cmplt_epi8(chunk, _mm_set1_epi8(0x20)));
+  return static_cast<unsigned>(_mm_movemask_epi8(special));
+}
+
+const char* skip_plain_sse2(const char* s, const char* end) {
+  while (end - s >= 16) {
+    const unsigned mask = special_mask16(s);
+    if (mask != 0) return s + __builtin_ctz(mask);
+    s += 16;
+  }
+  return s;
+}
+#else
+const char* skip_plain_sse2(const char* s, const char*) { return s; }
+#endif
+
+#if defined(VLLMD_HAVE_AVX2_SCAN)
+// The same 32 bytes at a time; chosen at run time, so the binary still runs without AVX2.
+__attribute__((target("avx2"))) const char* skip_plain_avx2(const char* s, const char* end) {
+  const __m256i quote = _mm256_set1_epi8('"');
+  const __m256i backslash = _mm256_set1_epi8('\\');
+  const __m256i control = _mm256_set1_epi8(0x20);
+  while (end - s >= 32) {
+    const __m256i chunk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+    const __m256i special = _mm256_or_si256(
+        _mm256_or_si256(_mm256_cmpeq_epi8(chunk, quote), _mm256_cmpeq_epi8(chunk, backslash)),
+        _mm256_cmpgt_epi8(control, chunk));
+    const auto mask = static_cast<unsigned>(_mm256_movemask_epi8(special));
+    if (mask != 0) return s + __builtin_ctz(mask);
+    s += 32;
+  }
+  return skip_plain_sse2(s, end);
+}
+#endif
+
+using SkipPlain = const char* (*)(const char*, const char*);
+
+SkipPlain pick_skip_plain() {
+#if defined(VLLMD_HAVE_AVX2_SCAN)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) return skip_plain_avx2;
+#endif
+  return skip_plain_sse2;
+}
+
+const char* skip_plain(const char* s, const char* end) {
+#if defined(__SSE2__)
+  // Keys and short values mostly end within 16 bytes: no indirect call for them.
+  if (end - s >= 16) {
+    const unsigned mask = special_mask16(s);
+    if (mask != 0) return s + __builtin_ctz(mask);
+    s += 16;
+  }
+#endif
+  static const SkipPlain wide = pick_skip_plain();
+  return wide(s, end);
+}
+
 char* put_utf8(char* out, std::uint32_t code) {
   if (code < 0x80) {
     *out++ = static_cast<char>(code);
@@ -142,13 +244,16 @@ class Transcoder {
 
   void run() {
     // Typical bodies are mostly long strings, whose msgpack is no longer than their JSON.
-    out_.reserve(static_cast<std::size_t>(end_ - begin_) + 64);
+    const std::size_t capacity = static_cast<std::size_t>(end_ - begin_) + 64;
+    out_.reserve(capacity);
+    advise_huge_pages(out_.data(), capacity);
+    move_budget_ = capacity / 8 + (64 << 10);
     skip_whitespace();
     if (p_ == end_) fail("Expecting value: empty body");
     result_.root = parse_value(1);
     skip_whitespace();
     if (p_ != end_) fail("Extra data after the JSON value");
-    close_gaps();
+    insert_deferred();
   }
 
  private:
@@ -187,10 +292,11 @@ class Transcoder {
 
   JsonKind parse_container(std::size_t depth, bool is_object) {
     if (depth > limits_.max_depth) fail("Nesting too deep");
+    // The header is placed at its narrowest (1 byte) and widened as the count crosses 16 and
+    // 65536, when moving the body is cheap (see widen): no sweep over the output is needed.
     const std::size_t slot = out_.size();
-    out_.resize(slot + kSlot);
-    const std::size_t gap_index = gaps_.size();
-    gaps_.push_back({slot, 0});
+    out_.push_back('\0');
+    int placed = 1;
 
     const char close = is_object ? '}' : ']';
     std::size_t count = 0;
@@ -201,6 +307,7 @@ class Transcoder {
       ++p_;
     } else {
       for (;;) {
+        if (count == 15 || count == 0xffff) placed = widen(slot, placed, depth == 1 && is_object);
         TopLevelMember* member = nullptr;
         if (is_object) {
           if (p_ == end_ || *p_ != '"') fail("Expecting property name enclosed in double quotes");
@@ -237,12 +344,37 @@ class Transcoder {
       }
     }
     if (count > std::numeric_limits<std::uint32_t>::max()) fail("Container too large");
-    char header[kSlot];
-    const int size = write_container_header(header, is_object, count);
-    std::memcpy(out_.data() + slot + kSlot - size, header, size);
-    gaps_[gap_index].size = kSlot - size;
+    if (placed == container_header_size(count)) {
+      write_container_header(out_.data() + slot, is_object, count);
+    } else {
+      deferred_.push_back({slot, placed, count, is_object});
+    }
     last_array_all_objects_ = !is_object && all_objects;
     return is_object ? JsonKind::kObject : JsonKind::kArray;
+  }
+
+  // Makes room for a header 2 bytes wider by moving the body so far (the first 15 or 65535
+  // elements) right; returns the header bytes now placed. A global budget bounds the bytes moved
+  // (nesting could otherwise move the same bytes once per level): past it, and from then on,
+  // widening is left to insert_deferred, so no body holding a deferred header ever moves.
+  int widen(std::size_t slot, int placed, bool top_level) {
+    const std::size_t body = slot + static_cast<std::size_t>(placed);
+    const std::size_t length = out_.size() - body;
+    if (!deferring_ && length <= move_budget_) {
+      move_budget_ -= length;
+      char* data = out_.grow(2) - out_.size();
+      std::memmove(data + body + 2, data + body, length);
+      out_.resize(out_.size() + 2);
+      if (top_level) {
+        for (TopLevelMember& member : result_.members) {
+          member.begin += 2;
+          member.end += 2;
+        }
+      }
+      return placed + 2;
+    }
+    deferring_ = true;
+    return placed;
   }
 
   TopLevelMember& record_member(std::size_t key_begin) {
@@ -261,24 +393,7 @@ class Transcoder {
   const char* scan_string(bool& escaped) {
     const char* s = p_;
     for (;;) {
-#if defined(__SSE2__)
-      const __m128i quote = _mm_set1_epi8('"');
-      const __m128i backslash = _mm_set1_epi8('\\');
-      const __m128i control = _mm_set1_epi8(0x20);
-      while (end_ - s >= 16) {
-        const __m128i chunk = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
-        // Signed compare: bytes >= 0x80 are negative, so they stop the scan like controls.
-        const __m128i special =
-            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(chunk, quote), _mm_cmpeq_epi8(chunk, backslash)),
-                         _mm_cmplt_epi8(chunk, control));
-        const int mask = _mm_movemask_epi8(special);
-        if (mask != 0) {
-          s += __builtin_ctz(static_cast<unsigned>(mask));
-          break;
-        }
-        s += 16;
-      }
-#endif
+      s = skip_plain(s, end_);
       if (s == end_) fail_at(p_ - 1, "Unterminated string starting");
       const auto c = static_cast<unsigned char>(*s);
       if (c == '"') return s;
@@ -460,33 +575,47 @@ class Transcoder {
     return JsonKind::kInteger;
   }
 
-  // Moves everything left over the unused header bytes, remapping the top-level offsets.
-  void close_gaps() {
-    std::vector<std::size_t*> positions;
-    positions.reserve(result_.members.size() * 2);
-    for (TopLevelMember& member : result_.members) {
-      positions.push_back(&member.begin);
-      positions.push_back(&member.end);
+  // Writes the deferred headers, moving what follows each one right by the bytes it lacks, in
+  // one sweep from the end; remaps the top-level offsets. Usually there is nothing to do.
+  void insert_deferred() {
+    if (deferred_.empty()) return;
+    std::sort(deferred_.begin(), deferred_.end(),
+              [](const Deferred& a, const Deferred& b) { return a.slot < b.slot; });
+    std::size_t shift = 0;  // bytes inserted before the current position
+    for (const Deferred& header : deferred_) {
+      shift += static_cast<std::size_t>(container_header_size(header.count) - header.placed);
     }
-    std::size_t next_position = 0;
-    std::size_t shift = 0;
-    std::size_t read = 0;
+    remap_members();
+    const std::size_t old_size = out_.size();
+    out_.resize(old_size + shift);
     char* data = out_.data();
-    auto remap_through = [&](std::size_t limit) {
-      while (next_position < positions.size() && *positions[next_position] <= limit) {
-        *positions[next_position++] -= shift;
-      }
-    };
-    for (const Gap& gap : gaps_) {
-      if (gap.size == 0) continue;
-      remap_through(gap.pos);
-      if (shift != 0) std::memmove(data + read - shift, data + read, gap.pos - read);
-      read = gap.pos + gap.size;
-      shift += gap.size;
+    std::size_t end = old_size;
+    for (auto it = deferred_.rbegin(); it != deferred_.rend(); ++it) {
+      const std::size_t body = it->slot + static_cast<std::size_t>(it->placed);
+      std::memmove(data + body + shift, data + body, end - body);
+      shift -= static_cast<std::size_t>(container_header_size(it->count) - it->placed);
+      write_container_header(data + it->slot + shift, it->map, it->count);
+      end = it->slot;
     }
-    remap_through(out_.size());
-    if (shift != 0) std::memmove(data + read - shift, data + read, out_.size() - read);
-    out_.resize(out_.size() - shift);
+  }
+
+  // A position moves right by the bytes inserted before it (deferred_ sorted by slot).
+  void remap_members() {
+    std::size_t next = 0;
+    std::size_t shift = 0;
+    auto remap = [&](std::size_t& position) {
+      const std::size_t old = position;
+      while (next < deferred_.size() && deferred_[next].slot < old) {
+        shift += static_cast<std::size_t>(container_header_size(deferred_[next].count) -
+                                          deferred_[next].placed);
+        ++next;
+      }
+      position = old + shift;
+    };
+    for (TopLevelMember& member : result_.members) {
+      remap(member.begin);
+      remap(member.end);
+    }
   }
 
   const char* begin_;
@@ -495,7 +624,9 @@ class Transcoder {
   const TranscodeLimits& limits_;
   Transcoded& result_;
   Buffer& out_;
-  std::vector<Gap> gaps_;
+  std::vector<Deferred> deferred_;
+  std::size_t move_budget_ = 0;
+  bool deferring_ = false;
   bool last_array_all_objects_ = false;
 };
 

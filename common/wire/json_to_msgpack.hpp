@@ -1,10 +1,11 @@
 #pragma once
 // One-pass JSON -> msgpack transcoding for request bodies (update_info reaches ~90 MB).
 // No DOM is built: values are written as msgpack while the JSON is parsed. Container element
-// counts are unknown until a container closes, so each container header is reserved at full
-// width and written at the end of its slot on close; one forward sweep over the output then
-// closes the unused bytes, which yields minimal-width msgpack, byte-identical to what msgpack-c
-// or Python's msgpack would write.
+// counts are unknown until a container closes, so each container header is placed 1 byte wide
+// and widened when the count reaches 16 or 65536, by moving the body written so far; only if
+// that would move too much (a budget of an eighth of the input) are the missing bytes inserted
+// by one final sweep. The output is minimal-width msgpack, byte-identical to what msgpack-c or
+// Python's msgpack would write.
 //
 // Types are kept exactly: JSON integers become msgpack integers over the whole int64 and
 // uint64 ranges (never floats), numbers with a fraction or exponent become float64, strings

@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <functional>
 #include <msgpack.hpp>
 #include <string>
 #include <string_view>
@@ -66,6 +67,13 @@ bool contains_float(const msgpack::object& object) {
       return false;
     default: return false;
   }
+}
+
+std::string msgpack_str_of(std::string_view text) {
+  StringBuffer expected;
+  Packer packer(expected);
+  pack_str(packer, text);
+  return expected.bytes();
 }
 
 std::string json_array_of_zeros(std::size_t count) {
@@ -221,6 +229,74 @@ TEST_CASE("string header widths") {
     CHECK(bytes.substr(c.header.size() / 2) == body);
     CHECK(msgpack_c_repack(bytes) == bytes);
   }
+}
+
+// Strings are scanned 16 or 32 bytes at a time (SSE2, or AVX2 when the CPU has it), then
+// byte by byte near the end of the input: every special byte at every position around those
+// block boundaries, in strings that end right at the end of the input or well before it.
+TEST_CASE("special bytes at every position around scan block boundaries") {
+  struct Special {
+    std::string_view json;     // as written inside the JSON string
+    std::string_view decoded;  // empty: the string is invalid
+    std::string_view error;
+  };
+  const std::vector<Special> specials = {
+      {"\\n", "\n", ""},
+      {"\\u00e9", "\xc3\xa9", ""},
+      {"\xc3\xa9", "\xc3\xa9", ""},
+      {"\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80", ""},
+      {"\x1f", "", "Invalid control character in string"},
+      {"\xff", "", "Invalid UTF-8 in string"},
+      {"\xc3", "", "Invalid UTF-8 in string"},  // truncated by the closing quote
+  };
+  for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16},
+                             std::size_t{17}, std::size_t{31}, std::size_t{32}, std::size_t{33},
+                             std::size_t{47}, std::size_t{63}, std::size_t{64}, std::size_t{65},
+                             std::size_t{95}, std::size_t{130}, std::size_t{300}}) {
+    for (std::size_t pos = 0; pos <= length; ++pos) {
+      for (const Special& special : specials) {
+        for (const std::string_view tail : {"", "   ", "                                    "}) {
+          CAPTURE(length);
+          CAPTURE(pos);
+          CAPTURE(to_hex(special.json));
+          CAPTURE(tail.size());
+          const std::string before(pos, 'a');
+          const std::string after(length - pos, 'b');
+          const std::string json = "\"" + before + std::string(special.json) + after + "\"" +
+                                   std::string(tail);
+          if (special.decoded.empty()) {
+            const JsonError error = transcode_error(json);
+            CHECK(error.message == special.error);
+            CHECK(error.offset == 1 + pos);
+          } else {
+            CHECK(transcode(json) == msgpack_str_of(before + std::string(special.decoded) + after));
+          }
+        }
+      }
+      // Unterminated: the scan runs into the end of the input at every length.
+      const JsonError error = transcode_error("\"" + std::string(pos, 'c'));
+      CHECK(error.message == "Unterminated string starting");
+      CHECK(error.offset == 0);
+    }
+  }
+}
+
+TEST_CASE("many short strings and very long strings") {
+  std::string json = "[";
+  StringBuffer expected;
+  Packer packer(expected);
+  packer.pack_array(5000);
+  for (int i = 0; i < 5000; ++i) {
+    const std::string text(static_cast<std::size_t>(i % 40), static_cast<char>('a' + i % 26));
+    json += (i ? ",\"" : "\"") + text + "\"";
+    pack_str(packer, text);
+  }
+  CHECK(transcode(json + "]") == expected.bytes());
+  // A long string with one escape near its end, and one with a non-ASCII character every 1000.
+  std::string text(3'000'000, 'z');
+  CHECK(transcode("\"" + text + "\\t\"") == msgpack_str_of(text + "\t"));
+  for (std::size_t i = 999; i < text.size(); i += 1000) text.replace(i - 1, 2, "\xc3\xa9");
+  CHECK(transcode("\"" + text + "\"") == msgpack_str_of(text));
 }
 
 TEST_CASE("string escapes") {
@@ -451,6 +527,95 @@ TEST_CASE("nested containers of mixed widths") {
   CHECK(find_key(outer->via.array.ptr[19], "list")->via.array.size == 19);
   CHECK(find_key(handle->get(), "big")->via.array.size == 70000);
   CHECK(as_str(*find_key(handle->get(), "tail")) == "end");
+}
+
+TEST_CASE("headers widened after large first elements") {
+  // Headers are placed 1 byte wide and widened at the 16th and 65536th element by moving the
+  // body so far; past a budget of moved bytes (an eighth of the input) the rest are inserted by
+  // one final sweep. Large first elements cross the budget at different depths.
+  const std::string big = "\"" + std::string(200000, 'x') + "\"";
+  auto array_after = [](std::string_view first, std::size_t more) {
+    std::string json = "[" + std::string(first);
+    for (std::size_t i = 0; i < more; ++i) json += "," + std::to_string(i % 200);
+    return json + "]";
+  };
+  std::vector<std::string> documents = {
+      array_after(big, 15),                                  // 16: widened by the sweep
+      array_after(big, 14),                                  // 15: never widened
+      array_after(big, 70000),                               // 65536+: from 1 byte to 5
+      array_after(array_after(big, 20), 20),                 // nested, both deferred
+      array_after(array_after("1", 20), 15) + "",            // small: moved
+      "[" + array_after("1", 20) + "," + array_after(big, 20) + "," + array_after("2", 17) +
+          "," + array_after(big, 3) + "]",                   // moved, then deferred, then not
+      array_after(array_after("0", 70000), 20),              // 65536 moved, outer deferred
+  };
+  std::string object = "{";
+  for (int i = 0; i < 40; ++i) {
+    object += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":";
+    object += i % 7 == 3 ? array_after(big, 16 + i) : array_after("[]", i);
+  }
+  documents.push_back(object + "}");
+  for (const std::string& document : documents) {
+    CAPTURE(document.size());
+    auto result = json_to_msgpack(document);
+    REQUIRE(result.has_value());
+    const std::string bytes = result->msgpack.str();
+    CHECK(msgpack_c_repack(bytes) == bytes);
+    auto handle = decode(bytes);
+    REQUIRE(handle.has_value());
+  }
+  // Top-level members keep their value bytes when headers before them are widened either way.
+  auto result = json_to_msgpack(object + "}");
+  REQUIRE(result.has_value());
+  REQUIRE(result->members.size() == 40);
+  for (int i = 0; i < 40; ++i) {
+    CAPTURE(i);
+    const TopLevelMember& member = result->members[i];
+    CHECK(member.key == "k" + std::to_string(i));
+    const std::string value = i % 7 == 3 ? array_after(big, 16 + i) : array_after("[]", i);
+    CHECK(result->value_bytes(member) == transcode(value));
+  }
+}
+
+TEST_CASE("random nesting: msgpack-c agrees and members are exact") {
+  vllmd::test::SplitMix64 random(7);
+  // A value of random shape: containers of 0..40 elements (sometimes 16 exactly), strings up to
+  // 40 kB, so some bodies exceed the move budget and some do not.
+  std::function<std::string(int)> value = [&](int depth) -> std::string {
+    const auto pick = random.below(depth > 4 ? 3 : 6);
+    if (pick == 0) return std::to_string(random.below(100000));
+    if (pick == 1) return "\"" + std::string(random.chance(10) ? random.below(40000) : 3, 's') + "\"";
+    if (pick == 2) return "null";
+    // Wide near the top, narrow deeper down: documents stay below a few MB.
+    const std::size_t count = random.chance(30) ? 16 : random.below(depth > 2 ? 5 : 41);
+    const bool object = pick == 3;
+    std::string json = object ? "{" : "[";
+    for (std::size_t i = 0; i < count; ++i) {
+      if (i) json += ",";
+      if (object) json += "\"" + std::to_string(i) + "\":";
+      json += value(depth + 1);
+    }
+    return json + (object ? "}" : "]");
+  };
+  for (int round = 0; round < 30; ++round) {
+    CAPTURE(round);
+    std::vector<std::string> values;
+    std::string json = "{";
+    const std::size_t members = random.below(20);
+    for (std::size_t i = 0; i < members; ++i) {
+      values.push_back(value(1));
+      json += (i ? ",\"m" : "\"m") + std::to_string(i) + "\":" + values.back();
+    }
+    json += "}";
+    auto result = json_to_msgpack(json);
+    REQUIRE(result.has_value());
+    const std::string bytes = result->msgpack.str();
+    CHECK(msgpack_c_repack(bytes) == bytes);
+    REQUIRE(result->members.size() == members);
+    for (std::size_t i = 0; i < members; ++i) {
+      CHECK(result->value_bytes(result->members[i]) == transcode(values[i]));
+    }
+  }
 }
 
 TEST_CASE("nesting depth limit") {
