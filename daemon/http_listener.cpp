@@ -12,10 +12,13 @@
 #include <Poco/Timestamp.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <string_view>
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -65,6 +68,8 @@ Poco::AutoPtr<Poco::Net::Context> tls_context(const ListenerOptions& options) {
 }
 
 int fd_of(const Poco::Net::Socket& socket) { return socket.impl()->sockfd(); }
+
+thread_local bool poller_thread = false;  // see HttpListener::on_poller_thread
 
 void signal(int event_fd) {
   const std::uint64_t one = 1;
@@ -182,6 +187,7 @@ ConnectionStats HttpListener::stats() const {
 // The poller
 
 void HttpListener::poll_loop() {
+  poller_thread = true;
   std::vector<epoll_event> events(256);
   auto last_sweep = Clock::now();
   while (!stopping_) {
@@ -267,6 +273,7 @@ void HttpListener::on_readable(int fd) {
   if (found == parked_.end()) return;  // already handed to a worker
   Connection& connection = *found->second;
   bool complete = true;
+  bool serve_here = false;
   if (!tls_) {
     // The header is left in the socket for Poco; only its end is looked for.
     const ssize_t peeked =
@@ -283,17 +290,80 @@ void HttpListener::on_readable(int fd) {
     connection.header_too_large = end == std::string_view::npos ? bytes.size() > limit
                                                                 : end + 4 > limit;
     complete = connection.header_too_large || end != std::string_view::npos;
+    serve_here = complete && !connection.header_too_large && accepting_ &&
+                 may_serve_inline(fd, bytes.substr(0, end + 2));
     if (!complete && !connection.header_started) {
       connection.header_started = true;
       connection.waiting_since = Clock::now();  // from now on `timeout` applies
     }
   }
   if (!complete) return;
+  if (serve_here) {
+    // The poller alone touches parked connections: the entry stays valid unlocked.
+    lock.unlock();
+    const Served served = serve_inline(connection);
+    if (served == Served::kParked) return;
+    lock.lock();
+    if (served == Served::kClosed) {
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+      parked_.erase(fd);
+      return;
+    }
+  }
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-  std::unique_ptr<Connection> ready = std::move(found->second);
-  parked_.erase(found);
+  const auto entry = parked_.find(fd);
+  std::unique_ptr<Connection> ready = std::move(entry->second);
+  parked_.erase(entry);
   lock.unlock();
   dispatch(std::move(ready));
+}
+
+// A bodyless request the server answers at once, on a connection with room in its send
+// buffer (a client that does not read its answers must not stall the poller).
+bool HttpListener::may_serve_inline(int fd, std::string_view header) const {
+  if (!options_.answers_at_once) return false;
+  const std::size_t method_end = header.find(' ');
+  const std::size_t target_end = header.find(' ', method_end + 1);
+  if (method_end == std::string_view::npos || target_end == std::string_view::npos) return false;
+  const auto has_field = [&header](std::string_view name) {
+    for (std::size_t at = header.find('\n'); at != std::string_view::npos;
+         at = header.find('\n', at + 1)) {
+      const std::string_view line = header.substr(at + 1, name.size());
+      if (line.size() == name.size() &&
+          std::equal(line.begin(), line.end(), name.begin(), [](char a, char b) {
+            return std::tolower(static_cast<unsigned char>(a)) == b;
+          })) {
+        return true;
+      }
+    }
+    return false;
+  };
+  if (has_field("content-length:") || has_field("transfer-encoding:") || has_field("expect:")) {
+    return false;
+  }
+  int unsent = 0;
+  if (::ioctl(fd, SIOCOUTQ, &unsent) != 0 || unsent > 64 * 1024) return false;
+  return options_.answers_at_once(header.substr(0, method_end),
+                                  header.substr(method_end + 1, target_end - method_end - 1));
+}
+
+bool HttpListener::on_poller_thread() { return poller_thread; }
+
+HttpListener::Served HttpListener::serve_inline(Connection& connection) {
+  try {
+    if (!connection.session) {
+      connection.session = std::make_unique<Session>(connection.socket, params_);
+    }
+    if (!serve_one(connection)) return Served::kClosed;
+  } catch (const std::exception& error) {
+    log::debug("connection closed: ", error.what());
+    return Served::kClosed;
+  }
+  // Read-ahead bytes of a pipelined request are in the session, out of epoll's sight.
+  if (connection.session->has_buffered_input()) return Served::kToWorker;
+  connection.waiting_since = Clock::now();
+  connection.header_started = false;
+  return Served::kParked;
 }
 
 void HttpListener::dispatch(std::unique_ptr<Connection> connection) {

@@ -17,11 +17,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -50,6 +52,9 @@ struct ListenerOptions {
   int max_header_bytes = 16384;   // request line and headers; 431 beyond
   std::string tls_cert_file;      // set: the listener speaks TLS only
   std::string tls_key_file;       // empty: the key is in the certificate file
+  // Requests (bodyless, header already in) the poller may answer itself instead of waking
+  // a worker: the handler must not wait for anything. Plain HTTP only.
+  std::function<bool(std::string_view method, std::string_view target)> answers_at_once;
 };
 
 struct ConnectionStats {
@@ -79,6 +84,8 @@ class HttpListener {
   // Closes everything at once and joins the threads.
   void abort();
   ConnectionStats stats() const;
+  // Whether this thread is the poller, serving a request in place: it must not block.
+  static bool on_poller_thread();
 
  private:
   struct Connection;
@@ -92,6 +99,9 @@ class HttpListener {
   void sweep_idle(Clock::time_point now);
   void park(std::unique_ptr<Connection> connection);
   void dispatch(std::unique_ptr<Connection> connection);
+  bool may_serve_inline(int fd, std::string_view header) const;
+  enum class Served { kParked, kClosed, kToWorker };
+  Served serve_inline(Connection& connection);
   void serve(Connection& connection);
   bool serve_one(Connection& connection);
   bool next_request_soon(Connection& connection);

@@ -177,6 +177,7 @@ class RouteHandler final : public HTTPRequestHandler {
     if (found->operation == api::Operation::kMetrics) return metrics();
     if (found->operation == api::Operation::kReload) return reload();
     const api::Query query = api::parse_query(uri.getRawQuery());
+    if (HttpListener::on_poller_thread()) return context_.service->handle_without_waiting(*found, query);
     return context_.service->handle(*found, query, body);
   }
 
@@ -253,6 +254,14 @@ HttpServer::HttpServer(const Config& config, ServerContext& context) {
   options.max_header_bytes = config.max_header_bytes;
   options.tls_cert_file = config.tls_cert_file;
   options.tls_key_file = config.tls_key_file;
+  // GETs of vllmd's own state: the poller answers them without waking a worker.
+  options.answers_at_once = [&context](std::string_view method, std::string_view target) {
+    if (method != "GET") return false;
+    const api::Route* route = api::find_route(target.substr(0, target.find('?')));
+    if (route == nullptr || (route->dev_only && !context.dev_mode)) return false;
+    return route->operation == api::Operation::kMetrics ||
+           context.service->answers_at_once(route->operation);
+  };
   listener_ = std::make_unique<HttpListener>(options, new Factory(context));
   context.listener = listener_.get();
 }

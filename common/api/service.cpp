@@ -100,12 +100,14 @@ WeightSyncService::FanOut WeightSyncService::fan_out(std::string_view operation_
   FanOut result;
   const auto started = std::chrono::steady_clock::now();
   known_.sync(engines_.engines());
+  // In flight first: readers then never see a value both uncertain and without a call to
+  // wait behind (answers_at_once relies on it).
+  ++calls_in_flight_;
   // Until this call succeeds, nobody knows what the engines hold.
   if (engine_method == "set_weight_version") known_.forget_version();
   if (engine_method == "pause_scheduler" || engine_method == "resume_scheduler") {
     known_.forget_paused();
   }
-  ++calls_in_flight_;
   result.replies = engines_.call_all(engine_method, args, options);
   --calls_in_flight_;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -206,7 +208,26 @@ Response WeightSyncService::lifecycle(const Route& route, const Query&, std::str
   return response;
 }
 
-Response WeightSyncService::read_only(const Route& route, const Query& query) {
+bool WeightSyncService::answers_at_once(Operation operation) const {
+  switch (operation) {
+    case Operation::kHealth:
+    case Operation::kVersion:
+    case Operation::kWorldSize: return true;
+    case Operation::kWeightInfo: return calls_in_flight_.load() > 0 || known_.version_certain();
+    case Operation::kIsPaused: return calls_in_flight_.load() > 0 || known_.paused_certain();
+    default: return false;
+  }
+}
+
+Response WeightSyncService::handle_without_waiting(const Route& route, const Query& query) {
+  if (route.operation == Operation::kWeightInfo || route.operation == Operation::kIsPaused) {
+    return read_only(route, query, false);
+  }
+  std::string no_body;
+  return handle(route, query, no_body);
+}
+
+Response WeightSyncService::read_only(const Route& route, const Query& query, bool may_wait) {
   const bool is_version = route.operation == Operation::kWeightInfo;
   // The engine runs utility calls one at a time, so a query sent while an update blocks it
   // would wait for the update. Answer from what the engines last told us instead, and
@@ -215,7 +236,7 @@ Response WeightSyncService::read_only(const Route& route, const Query& query) {
   const bool reads_state = is_version || route.operation == Operation::kIsPaused;
   if (reads_state) known_.sync(engines_.engines());
   const bool certain = is_version ? known_.version_certain() : known_.paused_certain();
-  if (reads_state && (certain || calls_in_flight_.load() > 0)) {
+  if (reads_state && (certain || !may_wait || calls_in_flight_.load() > 0)) {
     if (!is_version) {
       return {200, std::string("{\"is_paused\":") + (known_.paused() ? "true" : "false") + "}"};
     }

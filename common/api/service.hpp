@@ -48,11 +48,18 @@ class WeightSyncService {
   // once transcoded, so a 90 MB body and its msgpack never sit in memory with a third copy.
   Response handle(const Route& route, const Query& query, std::string& body);
 
+  // Whether `operation` is answered without waiting for an engine right now (a GET that
+  // reads vllmd's own state). An event loop may then serve it in place.
+  bool answers_at_once(Operation operation) const;
+  // Reads from known state even when it is uncertain, never asking the engines: for a
+  // caller that must not block (the answer is what vllmd last knew).
+  Response handle_without_waiting(const Route& route, const Query& query);
+
   void set_operation_observer(OperationObserver observer) { observer_ = std::move(observer); }
 
  private:
   Response lifecycle(const Route& route, const Query& query, std::string& body);
-  Response read_only(const Route& route, const Query& query);
+  Response read_only(const Route& route, const Query& query, bool may_wait = true);
   Response finish(const Route& route, std::string& body);
   Response health() const;
   Response version() const;

@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import socket
+import threading
 import time
 import unittest
 
@@ -21,8 +22,13 @@ SLOW_CONNECTIONS = 50
 class Connection:
     """A raw HTTP/1.1 client connection that keeps bytes read ahead (pipelining)."""
 
-    def __init__(self, port):
-        self.sock = socket.create_connection((harness.HOST, port), timeout=10)
+    def __init__(self, port, receive_buffer=None):
+        self.sock = socket.socket()
+        if receive_buffer:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.settimeout(10)
+        self.sock.connect((harness.HOST, port))
         self.buffer = b""
 
     def send(self, data):
@@ -173,6 +179,30 @@ class LimitsTest(harness.DaemonTestCase):
         self.assertEqual(json.loads(answers[0][2]), {"weight_version": "default"})
         self.assertEqual(json.loads(answers[2][2]), {"world_size": 1})
 
+    def test_a_client_that_does_not_read_its_answers_stalls_nobody(self):
+        # The poller answers GET /metrics itself; answers piling up unread must move the
+        # connection to a worker (which may block on it), never block the poller.
+        daemon = self.start()
+        greedy = Connection(daemon.port, receive_buffer=4096)
+        self.addCleanup(greedy.close)
+        count = 4000  # /metrics answers of ~3 KB: more than the daemon's send buffer holds
+        request = get("/metrics")
+
+        def send_one_by_one():  # spaced out: none waits in Poco's read-ahead
+            for _ in range(count):
+                greedy.sock.sendall(request)
+                time.sleep(0.0002)
+
+        sender = threading.Thread(target=send_one_by_one)
+        sender.start()
+        time.sleep(1)
+        started = time.monotonic()
+        self.assertEqual(daemon.health_status(), 200)
+        self.assertLess(time.monotonic() - started, 1)
+        answered = sum(greedy.response()[0] == 200 for _ in range(count))
+        sender.join()
+        self.assertEqual(answered, count)
+
     def test_connections_beyond_max_connections_get_503(self):
         daemon = self.start(max_connections=8)
         held = self.open_connections(daemon, 8)  # accepted in order, before the next one
@@ -211,9 +241,11 @@ class LimitsTest(harness.DaemonTestCase):
         blocked.send(b"POST /start_weight_update HTTP/1.1\r\nHost: x\r\n"
                         b"Content-Length: 0\r\n\r\n")
         time.sleep(0.5)  # the only worker now waits on the engine
-        queued.send(get("/weight_info"))
+        # POSTs: the poller answers some GETs itself, these need a worker.
+        resume = b"POST /resume HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        queued.send(resume)
         time.sleep(0.3)
-        refused.send(get("/weight_info"))
+        refused.send(resume)
         status, _, body = refused.response()
         self.assertEqual(status, 503)
         self.assertIn("server.max_queued", json.loads(body)["error"]["message"])
