@@ -13,6 +13,7 @@
 #include <istream>
 
 #include "common/util/log.hpp"
+#include "common/util/memory.hpp"
 
 namespace vllmd::daemon {
 
@@ -43,6 +44,8 @@ bool read_body(HTTPServerRequest& request, std::int64_t limit, std::string& body
     // Straight from the session: its read() hands out what Poco read ahead, then receives
     // into `body` directly. The request stream would go through a 4 KiB buffer: 20,000
     // receive calls and a copy for an 80 MB update.
+    body.reserve(static_cast<std::size_t>(length));
+    util::advise_huge_pages(body.data(), body.capacity());
     body.resize(static_cast<std::size_t>(length));
     auto& session =
         dynamic_cast<Session&>(static_cast<Poco::Net::HTTPServerRequestImpl&>(request).session());

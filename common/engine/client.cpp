@@ -8,6 +8,7 @@
 #include "common/engine/client_impl.hpp"
 #include "common/engine/endpoints.hpp"
 #include "common/util/log.hpp"
+#include "common/util/memory.hpp"
 
 namespace vllmd::engine {
 
@@ -256,6 +257,7 @@ std::vector<EngineReply> EngineClient::call_ranks(const std::vector<int>& ranks,
     std::size_t size = prefix.size();
     for (const std::string_view part : args) size += part.size();
     call.payload.rebuild(size);
+    util::advise_huge_pages(call.payload.data(), size);
     auto* out = static_cast<char*>(call.payload.data());
     std::memcpy(out, prefix.data(), prefix.size());
     out += prefix.size();

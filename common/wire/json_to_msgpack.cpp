@@ -14,10 +14,8 @@
 #include <immintrin.h>
 #define VLLMD_HAVE_AVX2_SCAN 1
 #endif
-#if defined(__linux__)
-#include <sys/mman.h>
-#include <unistd.h>
-#endif
+
+#include "common/util/memory.hpp"
 
 namespace vllmd::wire {
 
@@ -131,24 +129,6 @@ std::size_t utf8_sequence(const unsigned char* s, const unsigned char* end) {
   return 0;
 }
 
-// A large output is written once, front to back, into fresh memory: with 4 KiB pages that is a
-// page fault per 4 KiB, which cost more than the parsing itself (~60% of the time on a 40 MB
-// body). Asking for transparent huge pages makes it one fault per 2 MiB. Only a hint: without
-// THP (or with THP "always") nothing changes.
-void advise_huge_pages(char* block, std::size_t size) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr std::size_t kWorthIt = std::size_t{4} << 20;
-  if (size < kWorthIt) return;
-  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto first = (reinterpret_cast<std::uintptr_t>(block) + page - 1) & ~(page - 1);
-  const auto last = (reinterpret_cast<std::uintptr_t>(block) + size) & ~(page - 1);
-  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-#else
-  (void)block;
-  (void)size;
-#endif
-}
-
 // String scanning: skip_plain(s, end) returns the first byte at or after s that needs a look
 // (a quote, a backslash, a control byte or a byte >= 0x80), or, when none is found, the point
 // where fewer than 16 bytes are left; the caller goes on byte by byte from there.
@@ -246,7 +226,7 @@ class Transcoder {
     // Typical bodies are mostly long strings, whose msgpack is no longer than their JSON.
     const std::size_t capacity = static_cast<std::size_t>(end_ - begin_) + 64;
     out_.reserve(capacity);
-    advise_huge_pages(out_.data(), capacity);
+    util::advise_huge_pages(out_.data(), capacity);
     move_budget_ = capacity / 8 + (64 << 10);
     skip_whitespace();
     if (p_ == end_) fail("Expecting value: empty body");
