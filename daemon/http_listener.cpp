@@ -21,6 +21,7 @@
 #include <sys/ioctl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -69,7 +70,18 @@ Poco::AutoPtr<Poco::Net::Context> tls_context(const ListenerOptions& options) {
 
 int fd_of(const Poco::Net::Socket& socket) { return socket.impl()->sockfd(); }
 
-thread_local bool poller_thread = false;  // see HttpListener::on_poller_thread
+std::optional<util::IpAddress> peer_of(const sockaddr_storage& address) {
+  if (address.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(address);
+    return util::IpAddress::from_bytes(&v4.sin_addr, 4);
+  }
+  if (address.ss_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(address);
+    return util::IpAddress::from_bytes(&v6.sin6_addr, 16);
+  }
+  return std::nullopt;
+}
+
 
 void signal(int event_fd) {
   const std::uint64_t one = 1;
@@ -90,6 +102,7 @@ struct HttpListener::Connection {
   Clock::time_point waiting_since;   // parked at
   bool header_started = false;       // some bytes of the next request have arrived
   bool header_too_large = false;
+  std::optional<util::IpAddress> peer;  // from accept
 };
 
 HttpListener::HttpListener(const ListenerOptions& options,
@@ -187,7 +200,6 @@ ConnectionStats HttpListener::stats() const {
 // The poller
 
 void HttpListener::poll_loop() {
-  poller_thread = true;
   std::vector<epoll_event> events(256);
   auto last_sweep = Clock::now();
   while (!stopping_) {
@@ -222,7 +234,10 @@ void HttpListener::poll_loop() {
 
 void HttpListener::accept_all() {
   for (;;) {
-    const int fd = ::accept4(fd_of(listen_socket_), nullptr, nullptr, SOCK_CLOEXEC);
+    sockaddr_storage address{};
+    socklen_t address_length = sizeof address;
+    const int fd = ::accept4(fd_of(listen_socket_), reinterpret_cast<sockaddr*>(&address),
+                             &address_length, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -247,6 +262,7 @@ void HttpListener::accept_all() {
     auto connection = std::make_unique<Connection>();
     connection->fd = fd;
     connection->socket = std::move(socket);
+    connection->peer = peer_of(address);
     park(std::move(connection));
   }
 }
@@ -268,21 +284,29 @@ void HttpListener::park(std::unique_ptr<Connection> connection) {
 }
 
 void HttpListener::on_readable(int fd) {
+  // Pipelined requests answered in place leave the next one in the socket, and an
+  // edge-triggered epoll will not report bytes that were already there.
+  while (handle_readable(fd)) {
+  }
+}
+
+// Looks at what a parked connection received; whether to look again.
+bool HttpListener::handle_readable(int fd) {
   std::unique_lock lock(mutex_);
   const auto found = parked_.find(fd);
-  if (found == parked_.end()) return;  // already handed to a worker
+  if (found == parked_.end()) return false;  // already handed to a worker
   Connection& connection = *found->second;
   bool complete = true;
-  bool serve_here = false;
+  std::string_view header;  // complete, for the simple-request path
   if (!tls_) {
     // The header is left in the socket for Poco; only its end is looked for.
     const ssize_t peeked =
         ::recv(fd, peek_buffer_.data(), peek_buffer_.size(), MSG_PEEK | MSG_DONTWAIT);
-    if (peeked < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (peeked < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
     if (peeked <= 0) {  // the peer closed or the connection failed
       ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
       parked_.erase(found);
-      return;
+      return false;
     }
     const std::string_view bytes(peek_buffer_.data(), static_cast<std::size_t>(peeked));
     const auto limit = static_cast<std::size_t>(options_.max_header_bytes);
@@ -290,24 +314,28 @@ void HttpListener::on_readable(int fd) {
     connection.header_too_large = end == std::string_view::npos ? bytes.size() > limit
                                                                 : end + 4 > limit;
     complete = connection.header_too_large || end != std::string_view::npos;
-    serve_here = complete && !connection.header_too_large && accepting_ &&
-                 may_serve_inline(fd, bytes.substr(0, end + 2));
+    if (complete && !connection.header_too_large && accepting_) {
+      header = bytes.substr(0, end + 4);
+    }
     if (!complete && !connection.header_started) {
       connection.header_started = true;
       connection.waiting_since = Clock::now();  // from now on `timeout` applies
     }
   }
-  if (!complete) return;
-  if (serve_here) {
+  if (!complete) return false;
+  if (!header.empty()) {
     // The poller alone touches parked connections: the entry stays valid unlocked.
     lock.unlock();
-    const Served served = serve_inline(connection);
-    if (served == Served::kParked) return;
+    const Served served = serve_simple(connection, header);
+    if (served == Served::kParked) {
+      int pending = 0;
+      return ::ioctl(fd, FIONREAD, &pending) == 0 && pending > 0;
+    }
     lock.lock();
     if (served == Served::kClosed) {
       ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
       parked_.erase(fd);
-      return;
+      return false;
     }
   }
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
@@ -316,51 +344,105 @@ void HttpListener::on_readable(int fd) {
   parked_.erase(entry);
   lock.unlock();
   dispatch(std::move(ready));
+  return false;
 }
 
-// A bodyless request the server answers at once, on a connection with room in its send
-// buffer (a client that does not read its answers must not stall the poller).
-bool HttpListener::may_serve_inline(int fd, std::string_view header) const {
-  if (!options_.answers_at_once) return false;
-  const std::size_t method_end = header.find(' ');
-  const std::size_t target_end = header.find(' ', method_end + 1);
-  if (method_end == std::string_view::npos || target_end == std::string_view::npos) return false;
-  const auto has_field = [&header](std::string_view name) {
-    for (std::size_t at = header.find('\n'); at != std::string_view::npos;
-         at = header.find('\n', at + 1)) {
-      const std::string_view line = header.substr(at + 1, name.size());
-      if (line.size() == name.size() &&
-          std::equal(line.begin(), line.end(), name.begin(), [](char a, char b) {
-            return std::tolower(static_cast<unsigned char>(a)) == b;
-          })) {
-        return true;
+namespace {
+
+bool same_name(std::string_view name, std::string_view lower) {
+  return name.size() == lower.size() &&
+         std::equal(name.begin(), name.end(), lower.begin(), [](char a, char b) {
+           return std::tolower(static_cast<unsigned char>(a)) == b;
+         });
+}
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
+  return text;
+}
+
+// The request line and headers of a bodyless request, strictly: anything unusual (a body,
+// Expect, folded or odd lines, another HTTP version, a repeated Authorization) is left to
+// Poco on a worker.
+std::optional<SimpleRequest> parse_simple(std::string_view header) {
+  const std::size_t line_end = header.find("\r\n");
+  const std::string_view line = header.substr(0, line_end);
+  const std::size_t first = line.find(' ');
+  const std::size_t second = line.find(' ', first + 1);
+  if (first == std::string_view::npos || second == std::string_view::npos ||
+      line.find(' ', second + 1) != std::string_view::npos) {
+    return std::nullopt;
+  }
+  SimpleRequest request;
+  request.method = line.substr(0, first);
+  request.target = line.substr(first + 1, second - first - 1);
+  const std::string_view version = line.substr(second + 1);
+  if (request.target.empty() || (version != "HTTP/1.1" && version != "HTTP/1.0")) {
+    return std::nullopt;
+  }
+  request.keep_alive = version == "HTTP/1.1";
+  for (std::size_t at = line_end + 2; at < header.size();) {
+    const std::size_t end = header.find("\r\n", at);
+    if (end == std::string_view::npos || end == at) break;  // the blank line
+    const std::string_view field = header.substr(at, end - at);
+    at = end + 2;
+    const std::size_t colon = field.find(':');
+    if (colon == std::string_view::npos || colon == 0 || field.front() == ' ' ||
+        field.front() == '\t') {
+      return std::nullopt;
+    }
+    const std::string_view name = field.substr(0, colon);
+    const std::string_view value = trim(field.substr(colon + 1));
+    if (same_name(name, "content-length") || same_name(name, "transfer-encoding") ||
+        same_name(name, "expect")) {
+      return std::nullopt;
+    }
+    if (same_name(name, "authorization")) {
+      if (!request.authorization.empty()) return std::nullopt;
+      request.authorization = value;
+    } else if (same_name(name, "connection")) {
+      if (same_name(value, "close")) {
+        request.keep_alive = false;
+      } else if (same_name(value, "keep-alive")) {
+        request.keep_alive = true;
+      } else {
+        return std::nullopt;
       }
     }
-    return false;
-  };
-  if (has_field("content-length:") || has_field("transfer-encoding:") || has_field("expect:")) {
-    return false;
   }
-  int unsent = 0;
-  if (::ioctl(fd, SIOCOUTQ, &unsent) != 0 || unsent > 64 * 1024) return false;
-  return options_.answers_at_once(header.substr(0, method_end),
-                                  header.substr(method_end + 1, target_end - method_end - 1));
+  return request;
 }
 
-bool HttpListener::on_poller_thread() { return poller_thread; }
+}  // namespace
 
-HttpListener::Served HttpListener::serve_inline(Connection& connection) {
-  try {
-    if (!connection.session) {
-      connection.session = std::make_unique<Session>(connection.socket, params_);
-    }
-    if (!serve_one(connection)) return Served::kClosed;
-  } catch (const std::exception& error) {
-    log::debug("connection closed: ", error.what());
+// A simple request answered in place: parsed here, answered by options_.answer_simple, its
+// bytes consumed and the response written with one send. Only with an empty send queue, so
+// the response leaves whole at once (a client that does not read its answers goes to a
+// worker), and only when nothing was read ahead into a Poco session.
+HttpListener::Served HttpListener::serve_simple(Connection& connection, std::string_view header) {
+  if (!options_.answer_simple) return Served::kNo;
+  if (connection.session && connection.session->has_buffered_input()) return Served::kNo;
+  int unsent = 0;
+  if (::ioctl(connection.fd, SIOCOUTQ, &unsent) != 0 || unsent != 0) return Served::kNo;
+  std::optional<SimpleRequest> request = parse_simple(header);
+  if (!request) return Served::kNo;
+  request->peer = connection.peer;
+  request->keep_alive = request->keep_alive && accepting_;
+  const std::optional<std::string> response = options_.answer_simple(*request);
+  if (!response) return Served::kNo;
+  // `header` is in the peek buffer; the same bytes are still in the socket: drop them.
+  thread_local std::vector<char> sink;
+  sink.resize(header.size());
+  if (::recv(connection.fd, sink.data(), sink.size(), MSG_DONTWAIT) !=
+      static_cast<ssize_t>(sink.size())) {
     return Served::kClosed;
   }
-  // Read-ahead bytes of a pipelined request are in the session, out of epoll's sight.
-  if (connection.session->has_buffered_input()) return Served::kToWorker;
+  const ssize_t sent =
+      ::send(connection.fd, response->data(), response->size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (sent != static_cast<ssize_t>(response->size()) || !request->keep_alive) {
+    return Served::kClosed;
+  }
   connection.waiting_since = Clock::now();
   connection.header_started = false;
   return Served::kParked;

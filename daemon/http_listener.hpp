@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <string>
@@ -27,8 +28,19 @@
 #include <thread>
 #include <vector>
 
+#include "common/util/cidr.hpp"
 
 namespace vllmd::daemon {
+
+// A bodyless request simple enough for the poller to parse itself (request line, a few
+// headers; anything unusual goes to a worker and Poco).
+struct SimpleRequest {
+  std::string_view method;
+  std::string_view target;
+  std::string_view authorization;  // the Authorization header, or empty
+  std::optional<util::IpAddress> peer;
+  bool keep_alive = true;
+};
 
 // The session every connection gets: Poco's, with two protected members opened up.
 class Session final : public Poco::Net::HTTPServerSession {
@@ -52,9 +64,10 @@ struct ListenerOptions {
   int max_header_bytes = 16384;   // request line and headers; 431 beyond
   std::string tls_cert_file;      // set: the listener speaks TLS only
   std::string tls_key_file;       // empty: the key is in the certificate file
-  // Requests (bodyless, header already in) the poller may answer itself instead of waking
-  // a worker: the handler must not wait for anything. Plain HTTP only.
-  std::function<bool(std::string_view method, std::string_view target)> answers_at_once;
+  // Answers a simple request in place, as complete response bytes, when it needs nothing
+  // to wait for; nullopt hands it to a worker. Called on the poller thread: it must not
+  // block. Plain HTTP only.
+  std::function<std::optional<std::string>(const SimpleRequest&)> answer_simple;
 };
 
 struct ConnectionStats {
@@ -84,8 +97,6 @@ class HttpListener {
   // Closes everything at once and joins the threads.
   void abort();
   ConnectionStats stats() const;
-  // Whether this thread is the poller, serving a request in place: it must not block.
-  static bool on_poller_thread();
 
  private:
   struct Connection;
@@ -96,12 +107,12 @@ class HttpListener {
   void accept_all();
   void watch_listener();
   void on_readable(int fd);
+  bool handle_readable(int fd);
   void sweep_idle(Clock::time_point now);
   void park(std::unique_ptr<Connection> connection);
   void dispatch(std::unique_ptr<Connection> connection);
-  bool may_serve_inline(int fd, std::string_view header) const;
-  enum class Served { kParked, kClosed, kToWorker };
-  Served serve_inline(Connection& connection);
+  enum class Served { kNo, kParked, kClosed };
+  Served serve_simple(Connection& connection, std::string_view header);
   void serve(Connection& connection);
   bool serve_one(Connection& connection);
   bool next_request_soon(Connection& connection);

@@ -203,6 +203,35 @@ class LimitsTest(harness.DaemonTestCase):
         sender.join()
         self.assertEqual(answered, count)
 
+    def test_simple_gets_keep_http_semantics_whoever_parses_them(self):
+        # The poller parses plain GETs itself; anything unusual goes to Poco. Either way the
+        # answer and the connection handling are the same.
+        daemon = self.start()
+        cases = [
+            (b"GET /weight_info HTTP/1.1\r\nHost: x\r\n\r\n", True),
+            (b"GET /weight_info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", False),
+            (b"GET /weight_info HTTP/1.0\r\n\r\n", False),
+            (b"GET /weight_info HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", True),
+            (b"GET http://x/weight_info?a=1 HTTP/1.1\r\nHost: x\r\n\r\n", True),
+            (b"GET /weight_info HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n b\r\n\r\n", True),
+            (b"GET /weight_info HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\n\r\n", True),
+        ]
+        for request, stays_open in cases:
+            with self.subTest(request=request):
+                conn = self.connection(daemon)
+                conn.send(request)
+                status, headers, body = conn.response()
+                self.assertEqual((status, json.loads(body)), (200, {"weight_version": "default"}))
+                self.assertIn("date", headers)
+                self.assertEqual(conn.closed_by_peer(0.2), not stays_open)
+        conn = self.connection(daemon)
+        conn.send(b"POST /weight_info HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+                  b"PUT /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(2):
+            status, headers, _ = conn.response()
+            self.assertEqual(status, 405)
+            self.assertEqual(headers["allow"], "GET")
+
     def test_connections_beyond_max_connections_get_503(self):
         daemon = self.start(max_connections=8)
         held = self.open_connections(daemon, 8)  # accepted in order, before the next one
