@@ -5,6 +5,7 @@
 #include <Poco/Net/HTTPServerRequest.h>
 #include <Poco/Net/HTTPServerRequestImpl.h>
 #include <Poco/Net/HTTPServerResponse.h>
+#include <Poco/URI.h>
 
 #include <algorithm>
 #include <chrono>
@@ -107,6 +108,18 @@ std::string_view origin_form(std::string_view target) {
   return path == std::string_view::npos ? std::string_view("/") : target.substr(path);
 }
 
+// The path with %XX escapes decoded, as vLLM's server matches routes ("/weight%5Finfo").
+std::string decoded_path(std::string_view path) {
+  std::string decoded;
+  if (path.find('%') == std::string_view::npos) return std::string(path);
+  try {
+    Poco::URI::decode(std::string(path), decoded);
+  } catch (const Poco::Exception&) {
+    return std::string(path);  // a malformed escape matches no route: 404
+  }
+  return decoded;
+}
+
 // What routing needs from a request, whoever parsed it: Poco (workers) or the poller's own
 // parser for simple GETs (SimpleRequest).
 struct RequestFacts {
@@ -135,7 +148,7 @@ class Router {
   api::Response answer(const RequestFacts& request, const BodyReader& read_body,
                        Outcome& outcome) {
     const std::string_view target = origin_form(request.target);
-    outcome.path = std::string(target.substr(0, target.find('?')));
+    outcome.path = decoded_path(target.substr(0, target.find('?')));
     const std::shared_ptr<const Policy> policy = context_.policy();
     const api::Route* found = api::find_route(outcome.path);
     // The allowlist comes first: a peer outside it gets nothing else, not even its body read.
@@ -323,8 +336,7 @@ std::string_view http_date() {
 std::optional<std::string> answer_simple(ServerContext& context, const SimpleRequest& request) {
   if (request.method != "GET") return std::nullopt;
   const std::string_view target = origin_form(request.target);
-  const std::string_view path = target.substr(0, target.find('?'));
-  const api::Route* route = api::find_route(path);
+  const api::Route* route = api::find_route(decoded_path(target.substr(0, target.find('?'))));
   if (route == nullptr || (route->dev_only && !context.dev_mode)) return std::nullopt;
   if (route->operation != api::Operation::kMetrics &&
       !context.service->answers_at_once(route->operation)) {

@@ -213,6 +213,7 @@ class LimitsTest(harness.DaemonTestCase):
             (b"GET /weight_info HTTP/1.0\r\n\r\n", False),
             (b"GET /weight_info HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", True),
             (b"GET http://x/weight_info?a=1 HTTP/1.1\r\nHost: x\r\n\r\n", True),
+            (b"GET /weight%5Finfo HTTP/1.1\r\nHost: x\r\n\r\n", True),
             (b"GET /weight_info HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n b\r\n\r\n", True),
             (b"GET /weight_info HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\n\r\n", True),
         ]
