@@ -347,75 +347,6 @@ bool HttpListener::handle_readable(int fd) {
   return false;
 }
 
-namespace {
-
-bool same_name(std::string_view name, std::string_view lower) {
-  return name.size() == lower.size() &&
-         std::equal(name.begin(), name.end(), lower.begin(), [](char a, char b) {
-           return std::tolower(static_cast<unsigned char>(a)) == b;
-         });
-}
-
-std::string_view trim(std::string_view text) {
-  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
-  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
-  return text;
-}
-
-// The request line and headers of a bodyless request, strictly: anything unusual (a body,
-// Expect, folded or odd lines, another HTTP version, a repeated Authorization) is left to
-// Poco on a worker.
-std::optional<SimpleRequest> parse_simple(std::string_view header) {
-  const std::size_t line_end = header.find("\r\n");
-  const std::string_view line = header.substr(0, line_end);
-  const std::size_t first = line.find(' ');
-  const std::size_t second = line.find(' ', first + 1);
-  if (first == std::string_view::npos || second == std::string_view::npos ||
-      line.find(' ', second + 1) != std::string_view::npos) {
-    return std::nullopt;
-  }
-  SimpleRequest request;
-  request.method = line.substr(0, first);
-  request.target = line.substr(first + 1, second - first - 1);
-  const std::string_view version = line.substr(second + 1);
-  if (request.target.empty() || (version != "HTTP/1.1" && version != "HTTP/1.0")) {
-    return std::nullopt;
-  }
-  request.keep_alive = version == "HTTP/1.1";
-  for (std::size_t at = line_end + 2; at < header.size();) {
-    const std::size_t end = header.find("\r\n", at);
-    if (end == std::string_view::npos || end == at) break;  // the blank line
-    const std::string_view field = header.substr(at, end - at);
-    at = end + 2;
-    const std::size_t colon = field.find(':');
-    if (colon == std::string_view::npos || colon == 0 || field.front() == ' ' ||
-        field.front() == '\t') {
-      return std::nullopt;
-    }
-    const std::string_view name = field.substr(0, colon);
-    const std::string_view value = trim(field.substr(colon + 1));
-    if (same_name(name, "content-length") || same_name(name, "transfer-encoding") ||
-        same_name(name, "expect")) {
-      return std::nullopt;
-    }
-    if (same_name(name, "authorization")) {
-      if (!request.authorization.empty()) return std::nullopt;
-      request.authorization = value;
-    } else if (same_name(name, "connection")) {
-      if (same_name(value, "close")) {
-        request.keep_alive = false;
-      } else if (same_name(value, "keep-alive")) {
-        request.keep_alive = true;
-      } else {
-        return std::nullopt;
-      }
-    }
-  }
-  return request;
-}
-
-}  // namespace
-
 // A simple request answered in place: parsed here, answered by options_.answer_simple, its
 // bytes consumed and the response written with one send. Only with an empty send queue, so
 // the response leaves whole at once (a client that does not read its answers goes to a
@@ -425,7 +356,7 @@ HttpListener::Served HttpListener::serve_simple(Connection& connection, std::str
   if (connection.session && connection.session->has_buffered_input()) return Served::kNo;
   int unsent = 0;
   if (::ioctl(connection.fd, SIOCOUTQ, &unsent) != 0 || unsent != 0) return Served::kNo;
-  std::optional<SimpleRequest> request = parse_simple(header);
+  std::optional<SimpleRequest> request = parse_simple_request(header);
   if (!request) return Served::kNo;
   request->peer = connection.peer;
   request->keep_alive = request->keep_alive && accepting_;

@@ -28,19 +28,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/util/cidr.hpp"
+#include "daemon/simple_request.hpp"
 
 namespace vllmd::daemon {
-
-// A bodyless request simple enough for the poller to parse itself (request line, a few
-// headers; anything unusual goes to a worker and Poco).
-struct SimpleRequest {
-  std::string_view method;
-  std::string_view target;
-  std::string_view authorization;  // the Authorization header, or empty
-  std::optional<util::IpAddress> peer;
-  bool keep_alive = true;
-};
 
 // The session every connection gets: Poco's, with two protected members opened up.
 class Session final : public Poco::Net::HTTPServerSession {
