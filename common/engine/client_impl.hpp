@@ -114,6 +114,7 @@ struct EngineClient::Impl {
   void drain_input();
   void drain_handshake();
   void drain_monitor(zmq::socket_t& monitor, bool is_input);
+  int unique_fd(int fd, int EngineSlot::*field, const EngineSlot& engine) const;
   void on_hello(EngineSlot& engine, int fd);
   void on_ready(EngineSlot& engine);
   void on_registration(EngineSlot& engine, std::string_view frame, int fd);

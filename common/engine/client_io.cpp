@@ -262,7 +262,7 @@ void EngineClient::Impl::on_hello(EngineSlot& engine, int fd) {
   }
   engine.got_ready = false;
   engine.got_registration = false;
-  engine.handshake_fd = fd;
+  engine.handshake_fd = unique_fd(fd, &EngineSlot::handshake_fd, engine);
   engine.input_fd = engine.output_fd = -1;
   engine.dead_by_timeout = false;
   engine.timed_out_calls.clear();
@@ -297,7 +297,7 @@ void EngineClient::Impl::on_registration(EngineSlot& engine, std::string_view fr
     engine.status.registration = *registration;
   }
   engine.got_registration = true;
-  engine.input_fd = fd;
+  engine.input_fd = unique_fd(fd, &EngineSlot::input_fd, engine);
   admit_if_complete(engine);
 }
 
@@ -315,6 +315,24 @@ void EngineClient::Impl::admit_if_complete(EngineSlot& engine) {
             registration.weight_transfer_backend
                 ? ", weight transfer " + *registration.weight_transfer_backend : "");
   set_state(engine, EngineState::kReady, "");
+}
+
+// The fd a message came in on, unless another engine claimed that number before. libzmq
+// reuses a closed connection's fd at once: when one engine closes its handshake connection
+// after READY and the next connects, both carry the same number, and the first one's
+// DISCONNECTED event may be read after the second one's HELLO. Rather than let that event
+// kill the newcomer, the newcomer is not tied to disconnect events (its timeouts still
+// apply, and its input and output connections still report its death).
+int EngineClient::Impl::unique_fd(int fd, int EngineSlot::*field, const EngineSlot& engine) const {
+  if (fd < 0) return -1;
+  for (const EngineSlot& other : engines) {
+    if (&other != &engine && other.*field == fd) {
+      log::debug("engine link: fd ", fd, " was engine rank ", other.status.rank,
+                 "'s; not tying rank ", engine.status.rank, " to its disconnect events");
+      return -1;
+    }
+  }
+  return fd;
 }
 
 void EngineClient::Impl::drain_monitor(zmq::socket_t& monitor, bool is_input) {
