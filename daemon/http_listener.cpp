@@ -12,7 +12,6 @@
 #include <Poco/Timestamp.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <string_view>
@@ -69,6 +68,9 @@ Poco::AutoPtr<Poco::Net::Context> tls_context(const ListenerOptions& options) {
 }
 
 int fd_of(const Poco::Net::Socket& socket) { return socket.impl()->sockfd(); }
+
+// Where a request's header ends (its blank line), or npos while it is incomplete.
+std::size_t header_end(std::string_view bytes) { return bytes.find("\r\n\r\n"); }
 
 std::optional<util::IpAddress> peer_of(const sockaddr_storage& address) {
   if (address.ss_family == AF_INET) {
@@ -310,7 +312,7 @@ bool HttpListener::handle_readable(int fd) {
     }
     const std::string_view bytes(peek_buffer_.data(), static_cast<std::size_t>(peeked));
     const auto limit = static_cast<std::size_t>(options_.max_header_bytes);
-    const std::size_t end = bytes.find("\r\n\r\n");  // a body may follow it in the peek
+    const std::size_t end = header_end(bytes);  // a body may follow it in the peek
     connection.header_too_large = end == std::string_view::npos ? bytes.size() > limit
                                                                 : end + 4 > limit;
     complete = connection.header_too_large || end != std::string_view::npos;
@@ -510,8 +512,9 @@ bool HttpListener::next_request_soon(Connection& connection) {
   thread_local std::vector<char> peek;
   peek.resize(static_cast<std::size_t>(options_.max_header_bytes));
   const ssize_t peeked = ::recv(connection.fd, peek.data(), peek.size(), MSG_PEEK | MSG_DONTWAIT);
-  return peeked > 0 && std::string_view(peek.data(), static_cast<std::size_t>(peeked))
-                               .find("\r\n\r\n") != std::string_view::npos;
+  if (peeked <= 0) return false;
+  const std::string_view bytes(peek.data(), static_cast<std::size_t>(peeked));
+  return header_end(bytes) != std::string_view::npos;
 }
 
 // One request and its response, as Poco's HTTPServerConnection does it. Whether the

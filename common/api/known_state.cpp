@@ -71,15 +71,16 @@ bool KnownState::paused_certain() const {
 tl::expected<std::string, std::string> KnownState::version() const {
   std::lock_guard lock(mutex_);
   if (engines_.empty()) return std::string("default");
-  std::string seen;
-  bool agree = true;
+  const bool agree = std::all_of(engines_.begin(), engines_.end(), [this](const Known& known) {
+    return known.version == engines_.front().version;
+  });
+  if (agree) return engines_.front().version;
+  std::string seen;  // built only for the error: reads call this on every request
   for (std::size_t rank = 0; rank < engines_.size(); ++rank) {
     if (!seen.empty()) seen += ", ";
     seen += "rank " + std::to_string(rank) + " '" + engines_[rank].version + "'";
-    agree = agree && engines_[rank].version == engines_.front().version;
   }
-  if (!agree) return tl::unexpected("engines disagree on the weight version: " + seen);
-  return engines_.front().version;
+  return tl::unexpected("engines disagree on the weight version: " + seen);
 }
 
 bool KnownState::paused() const {

@@ -99,7 +99,7 @@ WeightSyncService::FanOut WeightSyncService::fan_out(std::string_view operation_
                                                      const CallOptions& options) {
   FanOut result;
   const auto started = std::chrono::steady_clock::now();
-  known_.sync(engines_.engines());
+  sync_known();
   // In flight first: readers then never see a value both uncertain and without a call to
   // wait behind (answers_at_once relies on it).
   ++calls_in_flight_;
@@ -208,6 +208,15 @@ Response WeightSyncService::lifecycle(const Route& route, const Query&, std::str
   return response;
 }
 
+// Seeds newly admitted engines in the known state; the engines' snapshot is copied only when
+// an admission happened since (reads call this on every request).
+void WeightSyncService::sync_known() {
+  const std::uint64_t admissions = engines_.admissions();
+  if (admissions == synced_admissions_.load()) return;
+  known_.sync(engines_.engines());
+  synced_admissions_ = admissions;
+}
+
 bool WeightSyncService::answers_at_once(Operation operation) const {
   switch (operation) {
     case Operation::kHealth:
@@ -234,7 +243,7 @@ Response WeightSyncService::read_only(const Route& route, const Query& query, bo
   // whenever that is certain (no call that changes it has been made since, or failed): a
   // round trip would return the same.
   const bool reads_state = is_version || route.operation == Operation::kIsPaused;
-  if (reads_state) known_.sync(engines_.engines());
+  if (reads_state) sync_known();
   const bool certain = is_version ? known_.version_certain() : known_.paused_certain();
   if (reads_state && (certain || !may_wait || calls_in_flight_.load() > 0)) {
     if (!is_version) {

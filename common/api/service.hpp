@@ -60,6 +60,7 @@ class WeightSyncService {
  private:
   Response lifecycle(const Route& route, const Query& query, std::string& body);
   Response read_only(const Route& route, const Query& query, bool may_wait = true);
+  void sync_known();
   Response finish(const Route& route, std::string& body);
   Response health() const;
   Response version() const;
@@ -80,6 +81,7 @@ class WeightSyncService {
   OperationObserver observer_;
   std::timed_mutex lifecycle_mutex_;
   std::atomic<int> calls_in_flight_{0};
+  std::atomic<std::uint64_t> synced_admissions_{~std::uint64_t{0}};  // none synced yet
   KnownState known_;
 };
 

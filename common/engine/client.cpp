@@ -178,6 +178,8 @@ const std::string& EngineClient::input_endpoint() const { return impl_->input_en
 const std::string& EngineClient::output_endpoint() const { return impl_->output_endpoint; }
 int EngineClient::data_parallel_size() const { return impl_->options.data_parallel_size; }
 
+std::uint64_t EngineClient::admissions() const { return impl_->admissions_total.load(); }
+
 std::size_t EngineClient::pending_calls() const {
   return impl_->pending_count.load(std::memory_order_relaxed);
 }

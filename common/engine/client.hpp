@@ -93,6 +93,8 @@ class EngineClient {
   std::vector<EngineStatus> engines() const;
   bool all_ready() const;
   bool wait_all_ready(std::chrono::milliseconds timeout) const;
+  // Admissions of all engines so far: it changes whenever an engine (re)joins.
+  std::uint64_t admissions() const;
   // Calls sent and not yet answered, failed or expired (as of the IO thread's last round).
   std::size_t pending_calls() const;
 

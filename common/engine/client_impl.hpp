@@ -90,6 +90,7 @@ struct EngineClient::Impl {
   mutable std::mutex state_mutex;
   mutable std::condition_variable state_changed;
   std::vector<EngineSlot> engines;
+  std::atomic<std::uint64_t> admissions_total{0};  // the engines' admissions, summed
 
   std::mutex queue_mutex;
   std::deque<Submission> queue;

@@ -307,6 +307,7 @@ void EngineClient::Impl::admit_if_complete(EngineSlot& engine) {
     std::lock_guard lock(state_mutex);
     ++engine.status.admissions;
   }
+  ++admissions_total;
   const wire::Registration& registration = engine.status.registration;
   log::info("engine link: engine rank ", engine.status.rank, " ready",
             registration.empty ? " (empty registration)" : "",
