@@ -378,7 +378,12 @@ class DaemonTestCase(unittest.TestCase):
                                        f"{engine.log()}")
             return daemon.health_status() == 200
 
-        wait_until(healthy, 20, message=f"GET /health -> 200 (log:\n{daemon.log()})")
+        try:
+            wait_until(healthy, 20, message="GET /health -> 200")
+        except AssertionError as error:
+            # The logs as they are now, not as they were when the wait began.
+            logs = "".join(f"\n--- {p.name} log:\n{p.log()}" for p in [daemon, *engines])
+            raise AssertionError(f"{error}{logs}") from None
         return daemon, engines, handshake
 
     def write_config(self, text, name="vllmd.toml"):
