@@ -82,14 +82,15 @@ const std::vector<Setting>& settings() {
          return std::nullopt;
        },
        [](const Config& c) -> Value { return c.dev_mode; }},
-      {"server.threads", "", "VLLMD_THREADS", Kind::kInt, "HTTP worker threads",
+      {"server.threads", "", "VLLMD_THREADS", Kind::kInt,
+       "threads that validate large request bodies and run reloads (never waiting for engines)",
        [](Config& c, const Value& v) {
          c.threads = static_cast<int>(as<std::int64_t>(v));
          return in_range(as<std::int64_t>(v), 1, 1024);
        },
        [](const Config& c) -> Value { return std::int64_t{c.threads}; }},
       {"server.max_queued", "", "VLLMD_MAX_QUEUED", Kind::kInt,
-       "complete requests waiting for a worker (503 beyond)",
+       "large requests waiting for one of server.threads (503 beyond)",
        [](Config& c, const Value& v) {
          c.max_queued = static_cast<int>(as<std::int64_t>(v));
          return in_range(as<std::int64_t>(v), 1, 100000);

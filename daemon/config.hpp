@@ -20,7 +20,7 @@ struct Config {
   std::string host = "127.0.0.1";
   int port = 8000;
   bool dev_mode = false;
-  int threads = 16;
+  int threads = 4;                 // executor: large-body validation, reloads
   int max_queued = 64;             // complete requests waiting for a worker
   int max_connections = 4096;
   int max_header_bytes = 16384;

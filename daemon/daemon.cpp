@@ -10,6 +10,7 @@
 
 #include "common/api/errors.hpp"
 #include "common/util/cidr.hpp"
+#include "common/util/executor.hpp"
 #include "common/util/log.hpp"
 #include "common/version.hpp"
 #include "daemon/config.hpp"
@@ -18,7 +19,6 @@
 #include "daemon/notify.hpp"
 
 #include <Poco/Net/Context.h>
-#include <Poco/Net/SSLException.h>
 #include <Poco/Net/HTTPClientSession.h>
 #include <Poco/Net/HTTPSClientSession.h>
 #include <Poco/Net/HTTPRequest.h>
@@ -53,7 +53,8 @@ tl::expected<std::vector<std::string>, std::string> read_key_file(const std::str
   return keys;
 }
 
-// One GET /version against our own listener: proof that the acceptor and a worker answer.
+// One GET /health against our own listener: proof that the event loop accepts, reads and
+// answers. Any status counts (503 while engines are down is an answer too).
 bool probe_server(const std::string& host, std::uint16_t port, bool secure) {
   const std::string target = host == "0.0.0.0" ? "127.0.0.1" : (host == "::" ? "::1" : host);
   try {
@@ -65,12 +66,12 @@ bool probe_server(const std::string& host, std::uint16_t port, bool secure) {
                : std::make_unique<Poco::Net::HTTPClientSession>(target, port);
     Poco::Net::HTTPClientSession& session = *owned;
     session.setTimeout(Poco::Timespan(2, 0));
-    Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_GET, "/version",
+    Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_GET, "/health",
                                    Poco::Net::HTTPMessage::HTTP_1_1);
     session.sendRequest(request);
     Poco::Net::HTTPResponse response;
     session.receiveResponse(response).ignore(1 << 16);
-    return response.getStatus() == Poco::Net::HTTPResponse::HTTP_OK;
+    return response.getStatus() >= 200;
   } catch (const std::exception& error) {
     log::warning("watchdog self-check failed: ", error.what());
     return false;
@@ -175,51 +176,58 @@ int run(int argc, const char* const* argv) {
                  "overwrite the weights (server.insecure_dev_mode)");
   }
 
+  // The port first: a second vllmd on a port in use stops here, before it starts engines.
+  ServerContext context;
+  std::unique_ptr<HttpServer> server;
+  try {
+    server = std::make_unique<HttpServer>(config, context);
+  } catch (const Poco::Exception& error) {
+    log::error("server.tls_cert_file/server.tls_key_file: cannot use them: ", error.displayText());
+    return kExitConfig;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "vllmd: %s\n", error.what());
+    return kExitUnavailable;
+  }
+
   auto engines = Engines::start(config);
   if (!engines) {
     log::error("cannot start the engine link: ", engines.error());
     return kExitUnavailable;
   }
+  // Validation of large bodies and reloads; nothing here waits for engines or clients.
+  util::Executor executor(config.threads, "vllmd-exec");
   api::ServiceOptions service_options;
   service_options.lifecycle_timeout =
       std::chrono::milliseconds(static_cast<long long>(config.call_timeout * 1000));
   service_options.query_timeout =
       std::chrono::milliseconds(static_cast<long long>(config.query_timeout * 1000));
   service_options.world_size_fallback = config.world_size;
-  api::WeightSyncService service((*engines)->client(), service_options);
+  api::WeightSyncService service((*engines)->client(), service_options, &executor);
 
   Metrics metrics;
   service.set_operation_observer(
       [&metrics](std::string_view operation, double seconds) {
         metrics.observe_operation(operation, seconds);
       });
-  ServerContext context;
   context.service = &service;
   context.engines = &(*engines)->client();
   context.metrics = &metrics;
+  context.executor = &executor;
+  context.max_queued = config.max_queued;
   context.dev_mode = config.dev_mode;
   context.set_policy(policy_of(config));
-
-  std::unique_ptr<HttpServer> server;
-  try {
-    server = std::make_unique<HttpServer>(config, context);
-    server->start();
-  } catch (const Poco::Net::SSLException& error) {
-    log::error("server.tls_cert_file/server.tls_key_file: cannot use them: ", error.displayText());
-    return kExitConfig;
-  } catch (const std::exception& error) {
-    log::error("cannot listen on ", config.host, ":", config.port, ": ", error.what());
-    return kExitUnavailable;
-  }
+  server->start();
   log::notice("listening on ", server->secure() ? "https://" : "http://", config.host, ":",
               server->port());
   if (!config.port_file.empty()) {
     std::ofstream(config.port_file) << server->port() << "\n";
   }
-  Notifier notifier((*engines)->client(),
-                    [host = config.host, port = server->port(), secure = server->secure()] {
-                      return probe_server(host, port, secure);
-                    });
+  // The watchdog is fed while a request over the socket is answered (whatever its status:
+  // API keys and allowlists do not matter) and the executor runs tasks.
+  Notifier notifier((*engines)->client(), [&executor, host = config.host, port = server->port(),
+                                           secure = server->secure()] {
+    return probe_server(host, port, secure) && executor.responsive(std::chrono::seconds(2));
+  });
   notifier.start();
 
   // SIGHUP and POST /reload (vllmctl reload, for ExecReload=) take the same path, one at a time.
@@ -253,6 +261,7 @@ int run(int argc, const char* const* argv) {
     server->wait_idle(2);
   }
   server->abort();
+  executor.stop();
   server.reset();
   engines->reset();
   log::notice("stopped");

@@ -1,93 +1,19 @@
 #include "daemon/http_server.hpp"
 
-#include <Poco/Net/HTTPRequestHandler.h>
-#include <Poco/Net/HTTPRequestHandlerFactory.h>
-#include <Poco/Net/HTTPServerRequest.h>
-#include <Poco/Net/HTTPServerRequestImpl.h>
-#include <Poco/Net/HTTPServerResponse.h>
-#include <Poco/URI.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
-#include <functional>
-#include <istream>
-#include <optional>
 
 #include "common/util/log.hpp"
-#include "common/util/memory.hpp"
 
 namespace vllmd::daemon {
 
 namespace {
 
-using Poco::Net::HTTPRequestHandler;
-using Poco::Net::HTTPServerRequest;
-using Poco::Net::HTTPServerResponse;
+using Clock = std::chrono::steady_clock;
 
-// Reads the whole body, up to `limit` bytes. Returns false when the body is larger; then at
-// most `drain` more bytes are read and dropped so keep-alive stays in sync, and `in_sync`
-// says whether the connection can carry another request.
-bool read_body(HTTPServerRequest& request, std::int64_t limit, std::string& body, bool& in_sync) {
-  std::istream& in = request.stream();
-  const std::int64_t length = request.getContentLength64();
-  in_sync = true;
-  if (length > limit) {
-    // Draining a modest excess is cheaper for the client than reconnecting; a huge one is not.
-    const std::int64_t drain = 4 * limit;
-    if (length > drain) {
-      in_sync = false;
-      return false;
-    }
-    in.ignore(length);
-    return false;
-  }
-  if (length >= 0) {
-    // Straight from the session: its read() hands out what Poco read ahead, then receives
-    // into `body` directly. The request stream would go through a 4 KiB buffer: 20,000
-    // receive calls and a copy for an 80 MB update.
-    body.reserve(static_cast<std::size_t>(length));
-    util::advise_huge_pages(body.data(), body.capacity());
-    body.resize(static_cast<std::size_t>(length));
-    auto& session =
-        dynamic_cast<Session&>(static_cast<Poco::Net::HTTPServerRequestImpl&>(request).session());
-    std::int64_t got = 0;
-    while (got < length) {
-      const int chunk = static_cast<int>(std::min<std::int64_t>(length - got, 1 << 30));
-      int n = 0;
-      try {
-        n = session.read_some(body.data() + got, chunk);
-      } catch (const Poco::Exception& error) {  // timeout or reset: the body stays short
-        log::debug("reading the request body failed: ", error.displayText());
-      }
-      if (n <= 0) break;
-      got += n;
-    }
-    body.resize(static_cast<std::size_t>(got));
-    in_sync = got == length;
-    return true;
-  }
-  // Neither a length nor chunked encoding: an HTTP/1.1 request has no body (RFC 9112 6.3).
-  if (!request.getChunkedTransferEncoding()) return true;
-  // Chunked: read in slices and stop at the limit.
-  char slice[64 * 1024];
-  while (in) {
-    in.read(slice, sizeof slice);
-    body.append(slice, static_cast<std::size_t>(in.gcount()));
-    if (static_cast<std::int64_t>(body.size()) > limit) {
-      std::string().swap(body);
-      std::int64_t drained = 0;
-      while (in && drained < 4 * limit) {
-        in.read(slice, sizeof slice);
-        drained += in.gcount();
-      }
-      in_sync = !in.good() || in.peek() == std::char_traits<char>::eof();
-      return false;
-    }
-  }
-  return true;
-}
+// Bodies larger than this are validated and transcoded on the executor, not on the loop.
+constexpr std::size_t kInlineBodyBytes = 256 * 1024;
 
 // Constant-time comparison, so a token cannot be guessed byte by byte from response times.
 bool same_secret(std::string_view a, std::string_view b) {
@@ -98,131 +24,179 @@ bool same_secret(std::string_view a, std::string_view b) {
   return difference == 0;
 }
 
+bool authorized(std::string_view header, const std::vector<std::string>& keys) {
+  constexpr std::string_view kBearer = "Bearer ";
+  if (header.size() <= kBearer.size() || header.substr(0, kBearer.size()) != kBearer) {
+    return false;
+  }
+  const std::string_view token = header.substr(kBearer.size());
+  bool match = false;
+  for (const std::string& key : keys) match = same_secret(token, key) || match;
+  return match;
+}
+
 // "/path?query" from a request target, also from the absolute form a proxy may send
 // ("http://host:port/path?query").
 std::string_view origin_form(std::string_view target) {
-  if (target.empty() || target.front() == '/') return target;
+  if (target.front() == '/') return target;
   const std::size_t scheme = target.find("://");
-  if (scheme == std::string_view::npos) return target;
   const std::size_t path = target.find('/', scheme + 3);
   return path == std::string_view::npos ? std::string_view("/") : target.substr(path);
 }
 
-// The path with %XX escapes decoded, as vLLM's server matches routes ("/weight%5Finfo").
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// The path with %XX escapes decoded, as vLLM's server matches routes ("/weight%5Finfo"); a
+// malformed escape is kept as it is (and matches no route).
 std::string decoded_path(std::string_view path) {
   std::string decoded;
-  if (path.find('%') == std::string_view::npos) return std::string(path);
-  try {
-    Poco::URI::decode(std::string(path), decoded);
-  } catch (const Poco::Exception&) {
-    return std::string(path);  // a malformed escape matches no route: 404
+  decoded.reserve(path.size());
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    if (path[i] == '%' && i + 2 < path.size() && hex_value(path[i + 1]) >= 0 &&
+        hex_value(path[i + 2]) >= 0) {
+      decoded.push_back(static_cast<char>(hex_value(path[i + 1]) * 16 + hex_value(path[i + 2])));
+      i += 2;
+    } else {
+      decoded.push_back(path[i]);
+    }
   }
   return decoded;
 }
 
-// What routing needs from a request, whoever parsed it: Poco (workers) or the poller's own
-// parser for simple GETs (SimpleRequest).
-struct RequestFacts {
-  std::string_view method;
-  std::string_view target;  // path and query
+double milliseconds(Clock::duration duration) {
+  return std::chrono::duration<double, std::milli>(duration).count();
+}
+
+std::string peer_text(const std::optional<util::IpAddress>& peer) {
+  return peer ? peer->to_string() : "-";
+}
+
+}  // namespace
+
+// What the router learned from a request's head, carried to its answer.
+struct RouteMatch {
+  const api::Route* route = nullptr;
+  std::string path;   // decoded
+  std::string query;  // raw, after '?'
+  std::string method;
   std::optional<util::IpAddress> peer;
-  std::string_view authorization;
-  bool has_body = false;
 };
 
-// Besides the reply: what the HTTP layer must add to the response.
-struct Outcome {
-  std::string path;
-  std::string allow;  // for 405
-  bool close = false;  // the connection cannot carry another request
-};
-
-// The routing shared by both paths: allowlist, body limit, 404/405, API keys, then the
-// service. `read_body` is called (once) after the allowlist; the poller path has no body.
 class Router {
  public:
-  using BodyReader = std::function<bool(std::int64_t limit, std::string& body, bool& in_sync)>;
-
   explicit Router(ServerContext& context) : context_(context) {}
+  void set_server(const http::Server* server) { server_ = server; }
 
-  api::Response answer(const RequestFacts& request, const BodyReader& read_body,
-                       Outcome& outcome) {
-    const std::string_view target = origin_form(request.target);
-    outcome.path = decoded_path(target.substr(0, target.find('?')));
-    const std::shared_ptr<const Policy> policy = context_.policy();
-    const api::Route* found = api::find_route(outcome.path);
-    // The allowlist comes first: a peer outside it gets nothing else, not even its body read.
-    const bool health = found != nullptr && found->operation == api::Operation::kHealth;
-    if (!health && !policy->allowlist.empty() &&
-        (!request.peer || !util::any_contains(policy->allowlist, *request.peer))) {
-      outcome.close = request.has_body;  // the body stays unread
-      return api::error_response(api::forbidden(
-          "client address " + (request.peer ? request.peer->to_string() : "?") +
-          " is not allowed"));
-    }
-    std::string body;
-    bool in_sync = true;
-    const auto reading = std::chrono::steady_clock::now();
-    const bool fits = !read_body || read_body(policy->max_body_bytes, body, in_sync);
-    if (!body.empty()) {
-      body_read_ms_ = std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - reading).count();
-    }
-    outcome.close = !in_sync;
-    if (!fits) {
-      return api::error_response(api::payload_too_large(
-          "request body exceeds the limit of " + std::to_string(policy->max_body_bytes) +
-          " bytes"));
-    }
-    if (found == nullptr || (found->dev_only && !context_.dev_mode)) {
-      return api::error_response(api::not_found());
-    }
-    if (request.method != found->method) {
-      outcome.allow = std::string(found->method);
-      return api::error_response(api::method_not_allowed());
-    }
-    if (found->operation != api::Operation::kHealth && !policy->api_keys.empty() &&
-        !authorized(request.authorization, policy->api_keys)) {
-      return api::error_response(api::unauthorized("missing or invalid API key"));
-    }
-    if (found->operation == api::Operation::kMetrics) return metrics();
-    if (found->operation == api::Operation::kReload) return reload();
+  http::Decision decide(const http::RequestHead& head, const std::optional<util::IpAddress>& peer) {
+    auto match = std::make_shared<RouteMatch>();
+    const std::string_view target = origin_form(head.target);
     const std::size_t question = target.find('?');
-    const api::Query query = api::parse_query(
-        question == std::string_view::npos ? std::string_view() : target.substr(question + 1));
-    if (!read_body) return context_.service->handle_without_waiting(*found, query);
-    return context_.service->handle(*found, query, body);
-  }
+    match->path = decoded_path(target.substr(0, question));
+    match->query = question == std::string_view::npos ? "" : std::string(target.substr(question + 1));
+    match->method = std::string(head.method);
+    match->peer = peer;
+    match->route = api::find_route(match->path);
+    const api::Route* route = match->route;
+    const std::shared_ptr<const Policy> policy = context_.policy();
 
-  // The access-log line and the request counter, for every request.
-  void record(const RequestFacts& request, const Outcome& outcome, const api::Response& reply,
-              std::chrono::steady_clock::time_point started) const {
-    if (context_.metrics != nullptr) context_.metrics->count_request(outcome.path, reply.status);
-    if (!log::enabled(log::Level::kInfo)) return;
-    const double total_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-    log::info(request.method, " ", outcome.path.empty() ? request.target : outcome.path, " ",
-              reply.status, " ", static_cast<long long>(total_ms * 1000) / 1000.0, "ms engine=",
-              static_cast<long long>(reply.engine_seconds * 1e6) / 1000.0, "ms");
-  }
-
-  // Where the time went (W3C Server-Timing, milliseconds): receiving the body, waiting for
-  // the engines, and vllmd's own work in between (validation, transcoding, framing). Empty
-  // when there is nothing to split.
-  std::string server_timing(std::chrono::steady_clock::time_point started,
-                            double engine_seconds) const {
-    if (body_read_ms_ <= 0 && engine_seconds <= 0) return {};
-    const double total =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
-            .count();
-    const double engine = engine_seconds * 1e3;
-    char text[160];
-    std::snprintf(text, sizeof text, "read;dur=%.3f, engine;dur=%.3f, vllmd;dur=%.3f", body_read_ms_,
-                  engine, std::max(0.0, total - body_read_ms_ - engine));
-    return text;
+    const bool health = route != nullptr && route->operation == api::Operation::kHealth;
+    if (!health && !policy->allowlist.empty() &&
+        (!peer || !util::any_contains(policy->allowlist, *peer))) {
+      return refuse(*match, api::forbidden("client address " + peer_text(peer) + " is not allowed"));
+    }
+    if (route == nullptr || (route->dev_only && !context_.dev_mode)) {
+      return refuse(*match, api::not_found());
+    }
+    if (head.method != route->method) {
+      return refuse(*match, api::method_not_allowed(), {{"Allow", std::string(route->method)}});
+    }
+    if (!health && !policy->api_keys.empty() &&
+        !authorized(head.field("authorization"), policy->api_keys)) {
+      return refuse(*match, api::unauthorized("missing or invalid API key"),
+                    {{"WWW-Authenticate", "Bearer"}});
+    }
+    const bool to_executor = head.content_length > kInlineBodyBytes || head.framing == http::BodyFraming::kChunked;
+    if (to_executor && context_.executor != nullptr &&
+        static_cast<int>(context_.executor->queued()) >= context_.max_queued) {
+      return refuse(*match, api::server_busy("too many requests waiting (server.max_queued)"));
+    }
+    http::Decision decision;
+    decision.body_limit = static_cast<std::uint64_t>(policy->max_body_bytes);
+    decision.on_request = [this, match](http::ExchangePtr exchange) { serve(match, std::move(exchange)); };
+    return decision;
   }
 
  private:
+  http::Decision refuse(const RouteMatch& match, const api::ApiError& error,
+                        http::Headers headers = {}) {
+    http::Decision decision;
+    decision.refusal = http::error_response(error);
+    decision.refusal->headers = std::move(headers);
+    record(match, error.status, 0, 0);
+    return decision;
+  }
+
+  void serve(const std::shared_ptr<RouteMatch>& match, http::ExchangePtr exchange) {
+    const api::Route& route = *match->route;
+    if (route.operation == api::Operation::kMetrics) return answer(*match, *exchange, metrics());
+    if (route.operation == api::Operation::kReload) {
+      auto run = [this, match, exchange] { answer(*match, *exchange, reload()); };
+      return context_.executor != nullptr ? context_.executor->post(run) : run();
+    }
+    const api::Query query = api::parse_query(match->query);
+    if (exchange->request().body.empty() && context_.service->answers_at_once(route.operation)) {
+      return answer(*match, *exchange, context_.service->handle_without_waiting(route, query));
+    }
+    auto run = [this, match, exchange, query] {
+      context_.service->handle(*match->route, query, std::move(exchange->request().body),
+                               [this, match, exchange](api::Response reply) {
+                                 answer(*match, *exchange, std::move(reply));
+                               });
+    };
+    if (exchange->request().body.size() > kInlineBodyBytes && context_.executor != nullptr) {
+      return context_.executor->post(run);
+    }
+    run();
+  }
+
+  void answer(const RouteMatch& match, http::Exchange& exchange, api::Response reply) {
+    const http::Request& request = exchange.request();
+    const auto now = Clock::now();
+    const double total = milliseconds(now - request.head_at);
+    const double read = milliseconds(request.body_at - request.head_at);
+    const double engine = reply.engine_seconds * 1e3;
+    http::Response response;
+    response.status = reply.status;
+    response.content_type = std::move(reply.content_type);
+    response.body = std::move(reply.body);
+    if (read > 0 || engine > 0) {
+      // Where the time went (W3C Server-Timing, milliseconds): receiving the body, waiting
+      // for the engines, and vllmd's own work in between (validation, transcoding, framing).
+      char timing[160];
+      std::snprintf(timing, sizeof timing, "read;dur=%.3f, engine;dur=%.3f, vllmd;dur=%.3f",
+                    read, engine, std::max(0.0, total - read - engine));
+      response.headers.emplace_back("Server-Timing", timing);
+    }
+    const int status = response.status;
+    exchange.respond(std::move(response));
+    record(match, status, total, engine);
+  }
+
+  // The access-log line and the request counter, for every request.
+  void record(const RouteMatch& match, int status, double total_ms, double engine_ms) const {
+    if (context_.metrics != nullptr) context_.metrics->count_request(match.path, status);
+    if (!log::enabled(log::Level::kInfo)) return;
+    log::info(peer_text(match.peer), " ", log::escaped(match.method), " ",
+              log::escaped(match.path), " ", status, " ",
+              static_cast<long long>(total_ms * 1000) / 1000.0, "ms engine=",
+              static_cast<long long>(engine_ms * 1000) / 1000.0, "ms");
+  }
+
   api::Response reload() const {
     if (!context_.reload) return api::error_response(api::not_found());
     if (auto error = context_.reload()) {
@@ -232,8 +206,13 @@ class Router {
   }
 
   api::Response metrics() const {
-    ConnectionStats connections;
-    if (context_.listener != nullptr) connections = context_.listener->stats();
+    ConnectionGauges connections;
+    if (server_ != nullptr) {
+      const http::ServerStats stats = server_->stats();
+      connections = {stats.connections, stats.handling,
+                     context_.executor ? static_cast<int>(context_.executor->queued()) : 0,
+                     stats.refused, stats.total};
+    }
     api::Response response;
     response.content_type = "text/plain; version=0.0.4; charset=utf-8";
     response.body = context_.metrics->render(context_.engines->engines(),
@@ -241,177 +220,39 @@ class Router {
     return response;
   }
 
-  static bool authorized(std::string_view header, const std::vector<std::string>& keys) {
-    constexpr std::string_view kBearer = "Bearer ";
-    if (header.size() <= kBearer.size() || header.substr(0, kBearer.size()) != kBearer) {
-      return false;
-    }
-    const std::string_view token = header.substr(kBearer.size());
-    bool match = false;
-    for (const std::string& key : keys) match = same_secret(token, key) || match;
-    return match;
-  }
-
   ServerContext& context_;
-  double body_read_ms_ = 0;  // one router per request
+  const http::Server* server_ = nullptr;
 };
 
-api::Response guarded(const std::function<api::Response()>& answer, const RequestFacts& request) {
-  try {
-    return answer();
-  } catch (const std::exception& error) {
-    log::error("request ", request.method, " ", request.target, " failed: ", error.what());
-    return api::error_response(api::server_error(std::string("internal error: ") + error.what()));
-  } catch (...) {
-    return api::error_response(api::server_error("internal error"));
-  }
-}
-
-// Requests Poco parsed, on a worker.
-class RouteHandler final : public HTTPRequestHandler {
- public:
-  explicit RouteHandler(ServerContext& context) : context_(context) {}
-
-  void handleRequest(HTTPServerRequest& request, HTTPServerResponse& response) override {
-    const auto started = std::chrono::steady_clock::now();
-    const Poco::Net::IPAddress host = request.clientAddress().host();
-    const std::string authorization = request.get("Authorization", "");
-    RequestFacts facts;
-    facts.method = request.getMethod();
-    facts.target = request.getURI();
-    facts.peer = util::IpAddress::from_bytes(host.addr(), host.length());
-    facts.authorization = authorization;
-    facts.has_body = request.getContentLength64() > 0 || request.getChunkedTransferEncoding();
-    Router router(context_);
-    Outcome outcome;
-    const api::Response reply = guarded(
-        [&] {
-          return router.answer(
-              facts,
-              [&request](std::int64_t limit, std::string& body, bool& in_sync) {
-                return read_body(request, limit, body, in_sync);
-              },
-              outcome);
-        },
-        facts);
-    try {
-      const auto status = static_cast<Poco::Net::HTTPResponse::HTTPStatus>(reply.status);
-      response.setStatusAndReason(status, Poco::Net::HTTPResponse::getReasonForStatus(status));
-      if (const std::string timing = router.server_timing(started, reply.engine_seconds);
-          !timing.empty()) {
-        response.set("Server-Timing", timing);
-      }
-      if (!outcome.allow.empty()) response.set("Allow", outcome.allow);
-      if (outcome.close) response.setKeepAlive(false);
-      response.setContentType(reply.content_type);
-      response.setContentLength64(static_cast<std::int64_t>(reply.body.size()));
-      response.send().write(reply.body.data(), static_cast<std::streamsize>(reply.body.size()));
-    } catch (const std::exception& error) {
-      log::debug("could not send the response: ", error.what());
-    }
-    router.record(facts, outcome, reply, started);
-  }
-
- private:
-  ServerContext& context_;
-};
-
-// "Sun, 29 Nov 2026 12:00:00 GMT", formatted once per second.
-std::string_view http_date() {
-  thread_local std::time_t formatted_at = 0;
-  thread_local char text[40] = {};
-  const std::time_t now = std::time(nullptr);
-  if (now != formatted_at) {
-    std::tm utc{};
-    gmtime_r(&now, &utc);
-    std::strftime(text, sizeof text, "%a, %d %b %Y %H:%M:%S GMT", &utc);
-    formatted_at = now;
-  }
-  return text;
-}
-
-// Simple GETs the poller parsed: answered in place when the route reads vllmd's own state
-// (nothing to wait for), as complete HTTP/1.1 response bytes; nullopt leaves the request to
-// a worker.
-std::optional<std::string> answer_simple(ServerContext& context, const SimpleRequest& request) {
-  if (request.method != "GET") return std::nullopt;
-  const std::string_view target = origin_form(request.target);
-  const api::Route* route = api::find_route(decoded_path(target.substr(0, target.find('?'))));
-  if (route == nullptr || (route->dev_only && !context.dev_mode)) return std::nullopt;
-  if (route->operation != api::Operation::kMetrics &&
-      !context.service->answers_at_once(route->operation)) {
-    return std::nullopt;
-  }
-  const auto started = std::chrono::steady_clock::now();
-  RequestFacts facts;
-  facts.method = request.method;
-  facts.target = request.target;
-  facts.peer = request.peer;
-  facts.authorization = request.authorization;
-  Router router(context);
-  Outcome outcome;
-  const api::Response reply =
-      guarded([&] { return router.answer(facts, nullptr, outcome); }, facts);
-  const auto status = static_cast<Poco::Net::HTTPResponse::HTTPStatus>(reply.status);
-  std::string out;
-  out.reserve(reply.body.size() + 256);
-  out.append("HTTP/1.1 ").append(std::to_string(reply.status)).append(" ");
-  out.append(Poco::Net::HTTPResponse::getReasonForStatus(status)).append("\r\nDate: ");
-  out.append(http_date()).append("\r\nServer: vllmd\r\nContent-Type: ");
-  out.append(reply.content_type).append("\r\nContent-Length: ");
-  out.append(std::to_string(reply.body.size())).append("\r\n");
-  if (!outcome.allow.empty()) out.append("Allow: ").append(outcome.allow).append("\r\n");
-  if (!request.keep_alive) out.append("Connection: close\r\n");
-  out.append("\r\n").append(reply.body);
-  router.record(facts, outcome, reply, started);
-  return out;
-}
-
-class Factory final : public Poco::Net::HTTPRequestHandlerFactory {
- public:
-  explicit Factory(ServerContext& context) : context_(context) {}
-  HTTPRequestHandler* createRequestHandler(const HTTPServerRequest&) override {
-    return new RouteHandler(context_);
-  }
-
- private:
-  ServerContext& context_;
-};
-
-}  // namespace
-
-HttpServer::HttpServer(const Config& config, ServerContext& context) {
-  ListenerOptions options;
+HttpServer::HttpServer(const Config& config, ServerContext& context)
+    : router_(std::make_unique<Router>(context)) {
+  http::ServerOptions options;
   options.host = config.host;
   options.port = config.port;
-  options.threads = config.threads;
-  options.max_queued = config.max_queued;
   options.max_connections = config.max_connections;
   options.timeout = config.timeout;
   options.keep_alive_timeout = config.keep_alive_timeout;
   options.max_header_bytes = config.max_header_bytes;
   options.tls_cert_file = config.tls_cert_file;
   options.tls_key_file = config.tls_key_file;
-  // GETs of vllmd's own state: the poller answers them without waking a worker.
-  options.answer_simple = [&context](const SimpleRequest& request) {
-    return answer_simple(context, request);
-  };
-  listener_ = std::make_unique<HttpListener>(options, new Factory(context));
-  context.listener = listener_.get();
+  server_ = std::make_unique<http::Server>(
+      options, [router = router_.get()](const http::RequestHead& head,
+                                        const std::optional<util::IpAddress>& peer) {
+        return router->decide(head, peer);
+      });
+  router_->set_server(server_.get());
 }
 
-HttpServer::~HttpServer() = default;
+HttpServer::~HttpServer() {
+  server_.reset();  // the loop first: it calls into the router
+  router_.reset();
+}
 
-void HttpServer::start() { listener_->start(); }
-
-std::uint16_t HttpServer::port() const { return listener_->port(); }
-
-bool HttpServer::secure() const { return listener_->secure(); }
-
-void HttpServer::stop_accepting() { listener_->stop_accepting(); }
-
-bool HttpServer::wait_idle(double seconds) const { return listener_->wait_idle(seconds); }
-
-void HttpServer::abort() { listener_->abort(); }
+void HttpServer::start() { server_->start(); }
+std::uint16_t HttpServer::port() const { return server_->port(); }
+bool HttpServer::secure() const { return server_->secure(); }
+void HttpServer::stop_accepting() { server_->stop_accepting(); }
+bool HttpServer::wait_idle(double seconds) const { return server_->wait_idle(seconds); }
+void HttpServer::abort() { server_->abort(); }
 
 }  // namespace vllmd::daemon

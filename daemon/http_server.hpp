@@ -1,19 +1,20 @@
 #pragma once
-// The HTTP front of vllmd: every request goes through the API table to the WeightSyncService;
-// HttpListener carries the connections.
+// The HTTP front of vllmd: the router decides every request from its head (allowlist,
+// route, method, dev mode, API key, body limit) and hands accepted ones to the
+// WeightSyncService; http::Server carries the connections.
 
-#include <atomic>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/api/service.hpp"
 #include "common/util/cidr.hpp"
+#include "common/util/executor.hpp"
 #include "daemon/config.hpp"
-#include "daemon/http_listener.hpp"
+#include "daemon/http/server.hpp"
 #include "daemon/metrics.hpp"
 
 namespace vllmd::daemon {
@@ -29,7 +30,8 @@ struct ServerContext {
   api::WeightSyncService* service = nullptr;
   engine::EngineClient* engines = nullptr;
   Metrics* metrics = nullptr;
-  const HttpListener* listener = nullptr;  // for the connection gauges
+  util::Executor* executor = nullptr;  // large bodies are validated there, and reloads run
+  int max_queued = 64;                 // executor tasks waiting: 503 beyond
   // Reloads the configuration; the error line when the new one is invalid (nothing changed).
   std::function<std::optional<std::string>()> reload;
   bool dev_mode = false;
@@ -49,8 +51,12 @@ struct ServerContext {
   std::shared_ptr<const Policy> current_policy = std::make_shared<const Policy>();
 };
 
+class Router;
+
 class HttpServer {
  public:
+  // Binds the listening socket (throws naming the address when it cannot); serves from
+  // start(), when `context` is complete.
   HttpServer(const Config& config, ServerContext& context);
   ~HttpServer();
   void start();
@@ -63,7 +69,8 @@ class HttpServer {
   void abort();  // closes whatever is left
 
  private:
-  std::unique_ptr<HttpListener> listener_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<http::Server> server_;
 };
 
 }  // namespace vllmd::daemon

@@ -37,7 +37,7 @@ void Metrics::count_request(std::string_view route, int status) {
 
 std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
                             std::size_t pending_calls,
-                            const ConnectionStats& connections) const {
+                            const ConnectionGauges& connections) const {
   std::ostringstream out;
   out.precision(9);
   std::lock_guard lock(mutex_);
@@ -82,13 +82,13 @@ std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
   out << "# HELP vllmd_http_connections Open HTTP connections.\n"
       << "# TYPE vllmd_http_connections gauge\n"
       << "vllmd_http_connections " << connections.current << "\n"
-      << "# HELP vllmd_http_connections_busy Connections whose request a worker is serving.\n"
+      << "# HELP vllmd_http_connections_busy Connections whose request is being handled.\n"
       << "# TYPE vllmd_http_connections_busy gauge\n"
       << "vllmd_http_connections_busy " << connections.busy << "\n"
-      << "# HELP vllmd_http_connections_queued Complete requests waiting for a worker.\n"
+      << "# HELP vllmd_http_connections_queued Requests waiting for an executor thread.\n"
       << "# TYPE vllmd_http_connections_queued gauge\n"
       << "vllmd_http_connections_queued " << connections.queued << "\n"
-      << "# HELP vllmd_http_connections_refused_total Connections refused: too many open or waiting.\n"
+      << "# HELP vllmd_http_connections_refused_total Connections refused: too many open.\n"
       << "# TYPE vllmd_http_connections_refused_total counter\n"
       << "vllmd_http_connections_refused_total " << connections.refused << "\n"
       << "# HELP vllmd_http_connections_total Connections accepted.\n"

@@ -13,9 +13,16 @@
 #include <vector>
 
 #include "common/engine/client.hpp"
-#include "daemon/http_listener.hpp"
 
 namespace vllmd::daemon {
+
+struct ConnectionGauges {
+  int current = 0;            // open connections
+  int busy = 0;               // with a request being handled
+  int queued = 0;             // tasks waiting for an executor thread
+  std::uint64_t refused = 0;  // cumulative: over server.max_connections
+  std::uint64_t total = 0;    // cumulative: accepted
+};
 
 class Metrics {
  public:
@@ -27,7 +34,7 @@ class Metrics {
   void observe_operation(std::string_view operation, double seconds);
   void count_request(std::string_view route, int status);
   std::string render(const std::vector<engine::EngineStatus>& engines, std::size_t pending_calls,
-                     const ConnectionStats& connections) const;
+                     const ConnectionGauges& connections) const;
 
  private:
   struct Histogram {

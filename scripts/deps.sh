@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config ninja-build
   libcli11-dev libpoco-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libboost-dev
-  doctest-dev libtomlplusplus-dev libsystemd-dev libexpected-dev
+  doctest-dev libtomlplusplus-dev libsystemd-dev libexpected-dev libssl-dev
   python3 python3-zmq python3-msgpack python3-requests
   curl
   # HTTPS tests make their certificates.

@@ -62,6 +62,41 @@ ApiError invalid_configuration(std::string message) {
   return make(400, "invalid_request_error", "invalid_configuration", std::move(message));
 }
 
+ApiError bad_request(std::string message) {
+  return make(400, "invalid_request_error", "bad_request", std::move(message));
+}
+ApiError request_timeout(std::string message) {
+  return make(408, "invalid_request_error", "request_timeout", std::move(message));
+}
+ApiError expectation_failed(std::string message) {
+  return make(417, "invalid_request_error", "expectation_failed", std::move(message));
+}
+ApiError header_too_large(std::string message) {
+  return make(431, "invalid_request_error", "header_too_large", std::move(message));
+}
+ApiError not_implemented(std::string message) {
+  return make(501, "invalid_request_error", "not_implemented", std::move(message));
+}
+ApiError server_busy(std::string message) {
+  return make(503, "server_error", "server_busy", std::move(message));
+}
+ApiError http_version_not_supported(std::string message) {
+  return make(505, "invalid_request_error", "http_version_not_supported", std::move(message));
+}
+
+ApiError http_error(int status, std::string message) {
+  switch (status) {
+    case 408: return request_timeout(std::move(message));
+    case 413: return payload_too_large(std::move(message));
+    case 417: return expectation_failed(std::move(message));
+    case 431: return header_too_large(std::move(message));
+    case 501: return not_implemented(std::move(message));
+    case 503: return server_busy(std::move(message));
+    case 505: return http_version_not_supported(std::move(message));
+    default: return bad_request(std::move(message));
+  }
+}
+
 int exit_code_for(int http_status, std::string_view error_code) {
   if (error_code == "invalid_configuration") return exit_code::kConfig;
   return exit_code_for_status(http_status);
@@ -71,7 +106,11 @@ int exit_code_for_status(int http_status) {
   if (http_status >= 200 && http_status < 300) return exit_code::kOk;
   switch (http_status) {
     case 400:
-    case 413: return exit_code::kRejected;
+    case 413:
+    case 417:
+    case 431:
+    case 505: return exit_code::kRejected;
+    case 408: return exit_code::kTimeout;
     case 401:
     case 403: return exit_code::kUnauthorized;
     case 404:

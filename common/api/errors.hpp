@@ -31,6 +31,17 @@ ApiError engine_unavailable(std::string message);
 ApiError engine_timeout(std::string message);
 ApiError invalid_configuration(std::string message);
 
+// The connection layer's errors (malformed or stalled requests, limits): the same shape.
+ApiError bad_request(std::string message);                 // 400: malformed HTTP or framing
+ApiError request_timeout(std::string message);             // 408
+ApiError expectation_failed(std::string message);          // 417
+ApiError header_too_large(std::string message);            // 431
+ApiError not_implemented(std::string message);             // 501
+ApiError server_busy(std::string message);                 // 503: connection limits
+ApiError http_version_not_supported(std::string message);  // 505
+// The error for one of the statuses above (or 413), as the HTTP parser reports them.
+ApiError http_error(int status, std::string message);
+
 // vllmctl exit codes (product.md): part of the CLI's interface.
 namespace exit_code {
 inline constexpr int kOk = 0;

@@ -87,17 +87,46 @@ std::optional<bool> decode_bool(const std::string& msgpack) {
   return handle ? wire::as_bool(handle->get()) : std::nullopt;
 }
 
+// The version every engine reported, or the error: a non-string or a disagreement.
+tl::expected<std::string, ApiError> agreed_version(const std::vector<EngineReply>& replies) {
+  std::optional<std::string> agreed;
+  std::string seen;
+  for (const EngineReply& reply : replies) {
+    auto version = decode_string(*reply.value);
+    if (!version) {
+      return tl::unexpected(server_error("failed to call get_weight_version: engine rank " +
+                                         std::to_string(reply.rank) +
+                                         " returned a non-string version"));
+    }
+    if (!seen.empty()) seen += ", ";
+    seen += "rank " + std::to_string(reply.rank) + " '" + *version + "'";
+    if (agreed && *agreed != *version) {
+      return tl::unexpected(server_error("engines disagree on the weight version: " + seen));
+    }
+    agreed = *version;
+  }
+  return agreed.value_or("");
+}
+
 }  // namespace
 
-WeightSyncService::WeightSyncService(engine::EngineClient& engines, ServiceOptions options)
-    : engines_(engines), options_(options) {}
+// One lifecycle call, validated: what its engine calls need, kept alive until they are sent.
+struct WeightSyncService::LifecycleCall {
+  const Route* route = nullptr;
+  std::optional<wire::Transcoded> document;
+  std::string_view value;  // the validated init_info / update_info, inside `document`
+  std::string kwarg;
+  std::optional<std::string> version;
+};
 
-WeightSyncService::FanOut WeightSyncService::fan_out(std::string_view operation_name,
-                                                     std::string_view metric,
-                                                     std::string_view engine_method,
-                                                     const engine::EngineClient::ArgParts& args,
-                                                     const CallOptions& options) {
-  FanOut result;
+WeightSyncService::WeightSyncService(engine::EngineClient& engines, ServiceOptions options,
+                                     util::Executor* executor)
+    : engines_(engines), options_(options), lifecycle_queue_(executor) {}
+
+void WeightSyncService::fan_out(std::string operation_name, std::string metric,
+                                std::string engine_method,
+                                const engine::EngineClient::ArgParts& args,
+                                const CallOptions& options, std::function<void(FanOut)> then) {
   const auto started = std::chrono::steady_clock::now();
   sync_known();
   // In flight first: readers then never see a value both uncertain and without a call to
@@ -108,104 +137,138 @@ WeightSyncService::FanOut WeightSyncService::fan_out(std::string_view operation_
   if (engine_method == "pause_scheduler" || engine_method == "resume_scheduler") {
     known_.forget_paused();
   }
-  result.replies = engines_.call_all(engine_method, args, options);
-  --calls_in_flight_;
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  result.error = summarize(operation_name, result.replies);
-  const bool reached_engine = std::any_of(
-      result.replies.begin(), result.replies.end(), [](const EngineReply& reply) {
-        return reply.value || reply.value.error().kind != CallErrorKind::kUnavailable;
+  engines_.call_all_async(
+      engine_method, args, options,
+      [this, started, operation_name = std::move(operation_name), metric = std::move(metric),
+       then = std::move(then)](std::vector<EngineReply> replies) {
+        --calls_in_flight_;
+        FanOut result;
+        result.replies = std::move(replies);
+        result.seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        result.error = summarize(operation_name, result.replies);
+        const bool reached_engine = std::any_of(
+            result.replies.begin(), result.replies.end(), [](const EngineReply& reply) {
+              return reply.value || reply.value.error().kind != CallErrorKind::kUnavailable;
+            });
+        if (observer_ && !metric.empty() && reached_engine) observer_(metric, result.seconds);
+        if (result.error) log::warning(result.error->message);
+        then(std::move(result));
       });
-  if (observer_ && !metric.empty() && reached_engine) observer_(metric, result.seconds);
-  if (result.error) log::warning(result.error->message);
-  return result;
 }
 
-Response WeightSyncService::handle(const Route& route, const Query& query, std::string& body) {
+void WeightSyncService::handle(const Route& route, const Query& query, std::string body,
+                               Done done) {
   switch (route.operation) {
-    case Operation::kHealth: return health();
-    case Operation::kVersion: return version();
-    case Operation::kWorldSize: return world_size(query);
+    case Operation::kHealth: return done(health());
+    case Operation::kVersion: return done(version());
+    case Operation::kWorldSize: return done(world_size(query));
     case Operation::kWeightInfo:
-    case Operation::kIsPaused:
+    case Operation::kIsPaused: return read(route, std::move(done));
     case Operation::kPause:
-    case Operation::kResume: return read_only(route, query);
+    case Operation::kResume: return scheduler(route, query, std::move(done));
     case Operation::kMetrics:
-    case Operation::kReload: return error_response(not_found());  // the daemon's own routes
-    default: return lifecycle(route, query, body);
+    case Operation::kReload: return done(error_response(not_found()));  // the daemon's own
+    default: return lifecycle(route, std::move(body), std::move(done));
   }
 }
 
-Response WeightSyncService::lifecycle(const Route& route, const Query&, std::string& body) {
-  // Validate before waiting for the lock: a bad request never waits and never reaches an engine.
-  std::optional<wire::Transcoded> document;
-  std::string_view value;
-  std::string kwarg;
-  std::optional<std::string> version;
+void WeightSyncService::lifecycle(const Route& route, std::string body, Done done) {
+  // Validate before queueing: a bad request never waits and never reaches an engine.
+  auto call = std::make_shared<LifecycleCall>();
+  call->route = &route;
   if (route.body == Body::kRequired || (route.body == Body::kOptional && !body.empty())) {
     auto parsed = parse_object_body(body);
-    if (!parsed) return error_response(parsed.error());
-    document = std::move(*parsed);
+    if (!parsed) return done(error_response(parsed.error()));
+    call->document = std::move(*parsed);
     std::string().swap(body);  // the msgpack holds everything now
   }
+  const wire::Transcoded* document = call->document ? &*call->document : nullptr;
   if (route.operation == Operation::kInitWeightTransfer) {
     auto info = init_info(*document);
-    if (!info) return error_response(info.error());
-    value = *info;
-    kwarg = "init_info";
+    if (!info) return done(error_response(info.error()));
+    call->value = *info;
+    call->kwarg = "init_info";
   } else if (route.operation == Operation::kUpdateWeights) {
     auto info = update_info(*document);
-    if (!info) return error_response(info.error());
-    value = *info;
-    kwarg = "update_info";
+    if (!info) return done(error_response(info.error()));
+    call->value = *info;
+    call->kwarg = "update_info";
   } else if (route.operation == Operation::kFinishWeightUpdate && document) {
     auto requested = finish_version(*document);
-    if (!requested) return error_response(requested.error());
-    version = *requested;
+    if (!requested) return done(error_response(requested.error()));
+    call->version = *requested;
   } else if (route.operation == Operation::kUpdateWeightVersion) {
     auto requested = new_version(*document);
-    if (!requested) return error_response(requested.error());
-    version = *requested;
+    if (!requested) return done(error_response(requested.error()));
+    call->version = *requested;
   }
+  lifecycle_queue_.run(
+      [this, call, done](SerialQueue::Finished finished) {
+        run_lifecycle(call, [done, finished](Response response) {
+          finished();
+          done(std::move(response));
+        });
+      },
+      options_.lifecycle_timeout,
+      [done] {
+        done(error_response(
+            engine_timeout("timed out waiting for another weight-sync call to finish")));
+      });
+}
 
-  std::unique_lock lock(lifecycle_mutex_, std::defer_lock);
-  if (!lock.try_lock_for(options_.lifecycle_timeout)) {
-    return error_response(engine_timeout("timed out waiting for another weight-sync call to finish"));
-  }
-  const CallOptions call_options{options_.lifecycle_timeout, true};
-  Response response;
-
+void WeightSyncService::run_lifecycle(const std::shared_ptr<LifecycleCall>& call, Done done) {
+  const Route& route = *call->route;
   if (route.operation == Operation::kUpdateWeightVersion) {
-    const std::string args = wire::encode_string_array({*version});
-    FanOut set = fan_out("set_weight_version", route.metric_operation, "set_weight_version",
-                         {args}, call_options);
-    response.engine_seconds = set.seconds;
-    if (set.error) return error_response(*set.error, response.engine_seconds);
-    known_.set_version_all(*version);
-    response.body = "{\"success\":true,\"new_version\":" + wire::json_string(*version) + "}";
-    return response;
+    return set_version(*call->version, 0, [version = *call->version, done](Response response) {
+      if (response.status == 200) {
+        response.body = "{\"success\":true,\"new_version\":" + wire::json_string(version) + "}";
+      }
+      done(std::move(response));
+    });
   }
-
-  const std::string header = collective_rpc_header(route.worker_method, kwarg);
+  const std::string header = collective_rpc_header(route.worker_method, call->kwarg);
   engine::EngineClient::ArgParts args{header};
-  if (!value.empty()) args.push_back(value);
-  FanOut call = fan_out(route.worker_method, route.metric_operation, route.engine_method, args,
-                        call_options);
-  response.engine_seconds = call.seconds;
-  if (call.error) return error_response(*call.error, call.seconds);
+  if (!call->value.empty()) args.push_back(call->value);
+  const CallOptions call_options{options_.lifecycle_timeout, true};
+  fan_out(std::string(route.worker_method), std::string(route.metric_operation),
+          std::string(route.engine_method), args, call_options,
+          [this, call, done](FanOut result) {
+            if (result.error) return done(error_response(*result.error, result.seconds));
+            const Route& finished_route = *call->route;
+            if (finished_route.operation == Operation::kFinishWeightUpdate && call->version) {
+              // Commit the version only now that every engine finished; a failure here is
+              // reported as set_weight_version's, so the trainer can tell it from a failed
+              // finish.
+              return set_version(*call->version, result.seconds,
+                                 [call, done](Response response) {
+                                   if (response.status == 200) {
+                                     response.body = message_body(call->route->success_message);
+                                   }
+                                   done(std::move(response));
+                                 });
+            }
+            Response response;
+            response.engine_seconds = result.seconds;
+            response.body = message_body(finished_route.success_message);
+            done(std::move(response));
+          });
+}
 
-  if (route.operation == Operation::kFinishWeightUpdate && version) {
-    // Commit the version only now that every engine finished; a failure here is reported as
-    // set_weight_version's, so the trainer can tell it from a failed finish.
-    const std::string version_args = wire::encode_string_array({*version});
-    FanOut set = fan_out("set_weight_version", "set_version", "set_weight_version",
-                         {version_args}, call_options);
-    response.engine_seconds += set.seconds;
-    if (set.error) return error_response(*set.error, response.engine_seconds);
-    known_.set_version_all(*version);
-  }
-  response.body = message_body(route.success_message);
-  return response;
+// set_weight_version on every engine; on success the known state holds `version`.
+void WeightSyncService::set_version(const std::string& version, double seconds_before,
+                                    Done done) {
+  const std::string args = wire::encode_string_array({version});
+  const CallOptions call_options{options_.lifecycle_timeout, true};
+  fan_out("set_weight_version", "set_version", "set_weight_version", {args}, call_options,
+          [this, version, seconds_before, done](FanOut set) {
+            const double seconds = seconds_before + set.seconds;
+            if (set.error) return done(error_response(*set.error, seconds));
+            known_.set_version_all(version);
+            Response response;
+            response.engine_seconds = seconds;
+            done(std::move(response));
+          });
 }
 
 // Seeds newly admitted engines in the known state; the engines' snapshot is copied only when
@@ -229,95 +292,86 @@ bool WeightSyncService::answers_at_once(Operation operation) const {
 }
 
 Response WeightSyncService::handle_without_waiting(const Route& route, const Query& query) {
-  if (route.operation == Operation::kWeightInfo || route.operation == Operation::kIsPaused) {
-    return read_only(route, query, false);
+  switch (route.operation) {
+    case Operation::kHealth: return health();
+    case Operation::kVersion: return version();
+    case Operation::kWorldSize: return world_size(query);
+    case Operation::kWeightInfo:
+    case Operation::kIsPaused: sync_known(); return known_answer(route);
+    default: return error_response(server_error("internal error: not a read of known state"));
   }
-  std::string no_body;
-  return handle(route, query, no_body);
 }
 
-Response WeightSyncService::read_only(const Route& route, const Query& query, bool may_wait) {
+// /weight_info or /is_paused from what the engines last told us.
+Response WeightSyncService::known_answer(const Route& route) {
+  if (route.operation == Operation::kIsPaused) {
+    return {200, std::string("{\"is_paused\":") + (known_.paused() ? "true" : "false") + "}"};
+  }
+  auto version = known_.version();
+  if (!version) return error_response(server_error(version.error()));
+  return {200, "{\"weight_version\":" + wire::json_string(*version) + "}"};
+}
+
+void WeightSyncService::read(const Route& route, Done done) {
   const bool is_version = route.operation == Operation::kWeightInfo;
   // The engine runs utility calls one at a time, so a query sent while an update blocks it
   // would wait for the update. Answer from what the engines last told us instead, and
   // whenever that is certain (no call that changes it has been made since, or failed): a
   // round trip would return the same.
-  const bool reads_state = is_version || route.operation == Operation::kIsPaused;
-  if (reads_state) sync_known();
+  sync_known();
   const bool certain = is_version ? known_.version_certain() : known_.paused_certain();
-  if (reads_state && (certain || !may_wait || calls_in_flight_.load() > 0)) {
-    if (!is_version) {
-      return {200, std::string("{\"is_paused\":") + (known_.paused() ? "true" : "false") + "}"};
-    }
-    auto version = known_.version();
-    if (!version) return error_response(server_error(version.error()));
-    return {200, "{\"weight_version\":" + wire::json_string(*version) + "}"};
-  }
+  if (certain || calls_in_flight_.load() > 0) return done(known_answer(route));
+  const CallOptions call_options{options_.query_timeout, false};
+  fan_out(std::string(route.engine_method), "", std::string(route.engine_method), {"\x90"},
+          call_options, [this, is_version, done](FanOut call) {
+            if (call.error) return done(error_response(*call.error, call.seconds));
+            Response response;
+            response.engine_seconds = call.seconds;
+            if (is_version) {
+              auto agreed = agreed_version(call.replies);
+              if (!agreed) return done(error_response(agreed.error(), call.seconds));
+              for (const EngineReply& reply : call.replies) known_.set_version(reply.rank, *agreed);
+              response.body = "{\"weight_version\":" + wire::json_string(*agreed) + "}";
+              return done(std::move(response));
+            }
+            bool paused = false;
+            for (const EngineReply& reply : call.replies) {
+              auto value = decode_bool(*reply.value);
+              if (!value) {
+                return done(error_response(
+                    server_error("failed to call is_scheduler_paused: engine rank " +
+                                 std::to_string(reply.rank) + " returned a non-boolean"),
+                    call.seconds));
+              }
+              paused = paused || *value;
+              known_.set_paused(reply.rank, *value);
+            }
+            response.body = std::string("{\"is_paused\":") + (paused ? "true" : "false") + "}";
+            done(std::move(response));
+          });
+}
 
+void WeightSyncService::scheduler(const Route& route, const Query& query, Done done) {
+  const bool pause = route.operation == Operation::kPause;
   std::string args = "\x90";  // []
-  CallOptions call_options{options_.query_timeout, false};
-  if (route.operation == Operation::kPause) {
+  if (pause) {
     auto mode = pause_mode(query);
-    if (!mode) return error_response(mode.error());
+    if (!mode) return done(error_response(mode.error()));
     auto clear_cache = query_bool(query, "clear_cache", true);
-    if (!clear_cache) return error_response(clear_cache.error());
+    if (!clear_cache) return done(error_response(clear_cache.error()));
     args = pause_args(*mode, *clear_cache);
-    call_options.timeout = options_.lifecycle_timeout;  // mode=wait drains running requests
-  } else if (route.operation == Operation::kResume) {
-    call_options.timeout = options_.lifecycle_timeout;
   }
-
-  FanOut call = fan_out(route.engine_method, "", route.engine_method, {args}, call_options);
-  if (call.error) return error_response(*call.error, call.seconds);
-  Response response;
-  response.engine_seconds = call.seconds;
-
-  switch (route.operation) {
-    case Operation::kWeightInfo: {
-      std::optional<std::string> agreed;
-      std::string seen;
-      for (const EngineReply& reply : call.replies) {
-        auto version = decode_string(*reply.value);
-        if (!version) {
-          return error_response(server_error("failed to call get_weight_version: engine rank " +
-                                             std::to_string(reply.rank) +
-                                             " returned a non-string version"));
-        }
-        if (!seen.empty()) seen += ", ";
-        seen += "rank " + std::to_string(reply.rank) + " '" + *version + "'";
-        if (agreed && *agreed != *version) {
-          return error_response(server_error("engines disagree on the weight version: " + seen));
-        }
-        agreed = *version;
-        known_.set_version(reply.rank, *version);
-      }
-      response.body = "{\"weight_version\":" + wire::json_string(agreed.value_or("")) + "}";
-      return response;
-    }
-    case Operation::kIsPaused: {
-      bool paused = false;
-      for (const EngineReply& reply : call.replies) {
-        auto value = decode_bool(*reply.value);
-        if (!value) {
-          return error_response(server_error("failed to call is_scheduler_paused: engine rank " +
-                                             std::to_string(reply.rank) +
-                                             " returned a non-boolean"));
-        }
-        paused = paused || *value;
-        known_.set_paused(reply.rank, *value);
-      }
-      response.body = std::string("{\"is_paused\":") + (paused ? "true" : "false") + "}";
-      return response;
-    }
-    case Operation::kPause:
-    case Operation::kResume: {
-      const bool paused = route.operation == Operation::kPause;
-      known_.set_paused_all(paused);
-      response.body = paused ? R"({"status":"paused"})" : R"({"status":"resumed"})";
-      return response;
-    }
-    default: return error_response(not_found());
-  }
+  // mode=wait drains running requests: as long as a lifecycle call may take.
+  const CallOptions call_options{options_.lifecycle_timeout, false};
+  fan_out(std::string(route.engine_method), "", std::string(route.engine_method), {args},
+          call_options, [this, pause, done](FanOut call) {
+            if (call.error) return done(error_response(*call.error, call.seconds));
+            known_.set_paused_all(pause);
+            Response response;
+            response.engine_seconds = call.seconds;
+            response.body = pause ? R"({"status":"paused"})" : R"({"status":"resumed"})";
+            done(std::move(response));
+          });
 }
 
 Response WeightSyncService::health() const {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -14,8 +15,10 @@
 #include "common/api/errors.hpp"
 #include "common/api/known_state.hpp"
 #include "common/api/request.hpp"
+#include "common/api/serial_queue.hpp"
 #include "common/api/table.hpp"
 #include "common/engine/client.hpp"
+#include "common/util/executor.hpp"
 
 namespace vllmd::api {
 
@@ -40,46 +43,56 @@ Response error_response(const ApiError& error, double engine_seconds = 0);
 // The outcome of one operation that reached the engines, for the duration histogram.
 using OperationObserver = std::function<void(std::string_view operation, double seconds)>;
 
+// Every request ends in exactly one call of its Done, from whatever thread finished it (the
+// caller's, an engine IO thread's or the executor's): it must not block.
+using Done = std::function<void(Response)>;
+
 class WeightSyncService {
  public:
-  WeightSyncService(engine::EngineClient& engines, ServiceOptions options);
+  // `executor` starts queued lifecycle calls and runs their wait limits (see SerialQueue).
+  WeightSyncService(engine::EngineClient& engines, ServiceOptions options,
+                    util::Executor* executor = nullptr);
 
-  // `body` is the raw request body (empty when none was sent); the service may release it
-  // once transcoded, so a 90 MB body and its msgpack never sit in memory with a third copy.
-  Response handle(const Route& route, const Query& query, std::string& body);
+  // `body` is the raw request body (empty when none was sent); it is released once
+  // transcoded, so a 90 MB body and its msgpack never sit in memory with a third copy.
+  // Validation and transcoding run on the calling thread; nothing waits there.
+  void handle(const Route& route, const Query& query, std::string body, Done done);
 
   // Whether `operation` is answered without waiting for an engine right now (a GET that
-  // reads vllmd's own state). An event loop may then serve it in place.
+  // reads vllmd's own state): handle_without_waiting then answers it in place.
   bool answers_at_once(Operation operation) const;
-  // Reads from known state even when it is uncertain, never asking the engines: for a
-  // caller that must not block (the answer is what vllmd last knew).
+  // Reads from known state even when it is uncertain, never asking the engines.
   Response handle_without_waiting(const Route& route, const Query& query);
 
   void set_operation_observer(OperationObserver observer) { observer_ = std::move(observer); }
 
  private:
-  Response lifecycle(const Route& route, const Query& query, std::string& body);
-  Response read_only(const Route& route, const Query& query, bool may_wait = true);
+  struct LifecycleCall;
+  void lifecycle(const Route& route, std::string body, Done done);
+  void run_lifecycle(const std::shared_ptr<LifecycleCall>& call, Done done);
+  void set_version(const std::string& version, double seconds_before, Done done);
+  void read(const Route& route, Done done);
+  void scheduler(const Route& route, const Query& query, Done done);
+  Response known_answer(const Route& route);
   void sync_known();
-  Response finish(const Route& route, std::string& body);
   Response health() const;
   Response version() const;
   Response world_size(const Query& query) const;
 
-  // Runs one UTILITY method on every engine; an error response when any failed.
+  // Runs one UTILITY method on every engine; `then` gets the replies and the error summary.
   struct FanOut {
     std::optional<ApiError> error;
     std::vector<engine::EngineReply> replies;
     double seconds = 0;
   };
-  FanOut fan_out(std::string_view operation_name, std::string_view metric,
-                 std::string_view engine_method, const engine::EngineClient::ArgParts& args,
-                 const engine::CallOptions& options);
+  void fan_out(std::string operation_name, std::string metric, std::string engine_method,
+               const engine::EngineClient::ArgParts& args, const engine::CallOptions& options,
+               std::function<void(FanOut)> then);
 
   engine::EngineClient& engines_;
   ServiceOptions options_;
   OperationObserver observer_;
-  std::timed_mutex lifecycle_mutex_;
+  SerialQueue lifecycle_queue_;
   std::atomic<int> calls_in_flight_{0};
   std::atomic<std::uint64_t> synced_admissions_{~std::uint64_t{0}};  // none synced yet
   KnownState known_;

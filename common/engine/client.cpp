@@ -32,14 +32,24 @@ std::string_view error_kind_name(CallErrorKind kind) {
 }
 
 void Batch::complete(std::size_t index, tl::expected<std::string, CallError> value) {
+  EngineClient::Completion completion;
+  std::vector<EngineReply> all;
   {
     std::lock_guard lock(mutex);
     if (filled[index]) return;  // the caller gave up on it already
     filled[index] = true;
     replies[index].value = std::move(value);
-    --remaining;
+    if (--remaining > 0) return;
+    if (on_complete) {
+      completion = std::move(on_complete);
+      all = std::move(replies);
+    }
   }
-  done.notify_all();
+  if (completion) {
+    completion(std::move(all));
+  } else {
+    done.notify_all();
+  }
 }
 
 namespace {
@@ -215,42 +225,49 @@ EngineReply EngineClient::call(int rank, std::string_view method, const ArgParts
     return {rank, tl::unexpected(CallError{CallErrorKind::kUnavailable,
                                            "no engine with rank " + std::to_string(rank)})};
   }
-  return std::move(call_ranks({rank}, method, args, options).front());
+  return std::move(wait(submit({rank}, method, args, options, nullptr), options).front());
 }
 
 std::vector<EngineReply> EngineClient::call_all(std::string_view method, const ArgParts& args,
                                                 const CallOptions& options) {
-  std::vector<int> ranks(static_cast<std::size_t>(impl_->options.data_parallel_size));
-  for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int>(i);
-  return call_ranks(ranks, method, args, options);
+  return wait(submit(all_ranks(), method, args, options, nullptr), options);
 }
 
-std::vector<EngineReply> EngineClient::call_ranks(const std::vector<int>& ranks,
-                                                  std::string_view method,
-                                                  const ArgParts& args,
-                                                  const CallOptions& options) {
-  if (impl_->stopping.load()) {
-    std::vector<EngineReply> replies;
-    for (const int rank : ranks) {
-      replies.push_back({rank, tl::unexpected(CallError{CallErrorKind::kUnavailable,
-                                                        "engine client is shutting down"})});
-    }
-    return replies;
-  }
+void EngineClient::call_all_async(std::string_view method, const ArgParts& args,
+                                  const CallOptions& options, Completion done) {
+  submit(all_ranks(), method, args, options, std::move(done));
+}
+
+std::vector<int> EngineClient::all_ranks() const {
+  std::vector<int> ranks(static_cast<std::size_t>(impl_->options.data_parallel_size));
+  for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int>(i);
+  return ranks;
+}
+
+std::shared_ptr<Batch> EngineClient::submit(const std::vector<int>& ranks,
+                                            std::string_view method, const ArgParts& args,
+                                            const CallOptions& options, Completion done) {
   auto batch = std::make_shared<Batch>();
   batch->replies.resize(ranks.size());
   batch->filled.assign(ranks.size(), false);
   batch->remaining = ranks.size();
+  batch->on_complete = std::move(done);
+  for (std::size_t i = 0; i < ranks.size(); ++i) batch->replies[i].rank = ranks[i];
 
   Submission submission;
   submission.batch = batch;
   submission.method = std::string(method);
   submission.options = options;
   submission.deadline = Clock::now() + options.timeout;
+  if (impl_->stopping.load()) {
+    submission.calls.resize(ranks.size());
+    for (std::size_t i = 0; i < ranks.size(); ++i) submission.calls[i].index = i;
+    fail_submission(submission, "engine client is shutting down");
+    return batch;
+  }
   // Frames are built here, on the caller's thread, so a large payload is copied once and the
   // IO thread only moves it to the socket.
   for (std::size_t i = 0; i < ranks.size(); ++i) {
-    batch->replies[i].rank = ranks[i];
     OutgoingCall call;
     call.index = i;
     call.rank = ranks[i];
@@ -270,18 +287,24 @@ std::vector<EngineReply> EngineClient::call_ranks(const std::vector<int>& ranks,
     submission.calls.push_back(std::move(call));
   }
   impl_->submit(std::move(submission));
+  return batch;
+}
 
-  // The IO thread enforces the deadline; the grace period only guards against a stuck client.
+// A blocking caller's wait. The IO thread enforces the deadline; the grace period only guards
+// against a stuck client.
+std::vector<EngineReply> EngineClient::wait(const std::shared_ptr<Batch>& batch,
+                                            const CallOptions& options) {
   std::unique_lock lock(batch->mutex);
   const bool finished = batch->done.wait_for(lock, options.timeout + std::chrono::seconds(5),
                                              [&] { return batch->remaining == 0; });
   if (!finished) {
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
+    for (std::size_t i = 0; i < batch->replies.size(); ++i) {
       if (batch->filled[i]) continue;
       batch->filled[i] = true;
       batch->replies[i].value = tl::unexpected(
           CallError{CallErrorKind::kTimeout, "engine client did not complete the call"});
     }
+    batch->remaining = 0;
   }
   return std::move(batch->replies);
 }

@@ -74,6 +74,8 @@ struct CallOptions {
   bool timeout_marks_dead = false;
 };
 
+struct Batch;
+
 class EngineClient {
  public:
   static tl::expected<std::unique_ptr<EngineClient>, std::string> create(ClientOptions options);
@@ -108,12 +110,24 @@ class EngineClient {
   std::vector<EngineReply> call_all(std::string_view method, const ArgParts& args,
                                     const CallOptions& options);
 
+  // Asynchronous call_all: returns at once; `done` gets the replies in rank order when the
+  // last engine answered, failed, died or timed out. It runs on the IO thread (or on the
+  // caller's, when the call fails before it was sent): it must not block, and must never
+  // make a blocking call on this client.
+  using Completion = std::function<void(std::vector<EngineReply>)>;
+  void call_all_async(std::string_view method, const ArgParts& args, const CallOptions& options,
+                      Completion done);
+
   struct Impl;
 
  private:
   explicit EngineClient(std::unique_ptr<Impl> impl);
-  std::vector<EngineReply> call_ranks(const std::vector<int>& ranks, std::string_view method,
-                                      const ArgParts& args, const CallOptions& options);
+  std::shared_ptr<Batch> submit(const std::vector<int>& ranks, std::string_view method,
+                                const ArgParts& args, const CallOptions& options,
+                                Completion done);
+  static std::vector<EngineReply> wait(const std::shared_ptr<Batch>& batch,
+                                       const CallOptions& options);
+  std::vector<int> all_ranks() const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -17,13 +17,15 @@ namespace vllmd::engine {
 
 using Clock = std::chrono::steady_clock;
 
-// The replies of one call()/call_all(), filled by the IO thread, awaited by the caller.
+// The replies of one call, filled by the IO thread: awaited by a blocking caller, or handed
+// to the completion of an asynchronous one when the last reply is in.
 struct Batch {
   std::mutex mutex;
   std::condition_variable done;
   std::vector<EngineReply> replies;
   std::vector<bool> filled;
   std::size_t remaining = 0;
+  EngineClient::Completion on_complete;  // empty for blocking calls
 
   void complete(std::size_t index, tl::expected<std::string, CallError> value);
 };

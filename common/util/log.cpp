@@ -64,4 +64,19 @@ void write(Level level, std::string_view message) {
   std::fflush(stderr);
 }
 
+std::string escaped(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte > 0x20 && byte < 0x7f && byte != '\\' && byte != '"') {
+      out.push_back(c);
+    } else {
+      out.append({'\\', 'x', kHex[byte >> 4], kHex[byte & 0xf]});
+    }
+  }
+  return out;
+}
+
 }  // namespace vllmd::log

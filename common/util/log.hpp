@@ -20,6 +20,10 @@ void set_component(std::string_view name);  // e.g. "vllmd", shown when not unde
 
 void write(Level level, std::string_view message);
 
+// Client-controlled text made safe for one log line: every byte outside visible ASCII, and
+// `\` and `"`, becomes \xHH, so a request cannot forge lines or smuggle terminal escapes.
+std::string escaped(std::string_view text);
+
 template <typename... Parts>
 void emit(Level at, const Parts&... parts) {
   if (!enabled(at)) return;

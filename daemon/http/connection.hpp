@@ -1,0 +1,110 @@
+#pragma once
+// One client connection as the event loop drives it: bytes in, requests parsed and framed,
+// decided from the head, bodies read (or dropped), responses out in order. It never blocks;
+// the loop calls it when its socket is ready, when a response is delivered and on ticks.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "daemon/http/server.hpp"
+#include "daemon/http/transport.hpp"
+
+namespace vllmd::daemon::http {
+
+// What a connection needs from its loop.
+class ConnectionHost {
+ public:
+  virtual ~ConnectionHost() = default;
+  virtual Decision decide(const RequestHead& head, const std::optional<util::IpAddress>& peer) = 0;
+  virtual void dispatch(std::uint64_t connection, Request request,
+                        const std::function<void(ExchangePtr)>& on_request) = 0;
+  virtual bool stopping() const = 0;
+  virtual std::string& read_buffer() = 0;  // the loop's scratch space for reads
+  // A request refused by the connection layer itself (malformed, stalled, incomplete), for
+  // the access log; `head` when it was parsed.
+  virtual void log_refusal(const std::optional<util::IpAddress>& peer, const RequestHead* head,
+                           int status, std::string_view message) = 0;
+};
+
+struct ConnectionLimits {
+  Clock::duration timeout;
+  Clock::duration keep_alive;
+  std::size_t max_header_bytes;
+  std::size_t discard_limit;
+};
+
+class Connection {
+ public:
+  Connection(std::uint64_t id, int fd, std::unique_ptr<Transport> transport,
+             std::optional<util::IpAddress> peer, ConnectionHost& host,
+             const ConnectionLimits& limits);
+  ~Connection();  // closes the socket
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Each returns false when the connection is over and must be destroyed.
+  bool on_readable();
+  bool on_writable();
+  bool deliver(std::string bytes, bool last, bool close);
+  bool on_tick(Clock::time_point now);
+  // Stop reading new requests: idle connections end now, busy ones after their response.
+  bool on_stop();
+
+  std::uint32_t wanted_events() const;  // EPOLLIN / EPOLLOUT
+  bool handling() const { return phase_ == Phase::kHandling; }
+  int fd() const { return fd_; }
+
+ private:
+  enum class Phase {
+    kHead,      // waiting for (the rest of) a request head
+    kBody,      // reading an accepted request's body
+    kDiscard,   // dropping a refused request's small body
+    kHandling,  // the request is with the application
+    kClosing,   // the last response is being written
+    kLinger,    // written and shut down: dropping what the client still sends, then close
+  };
+
+  bool process();
+  bool on_head(std::size_t end);
+  bool on_body_bytes();
+  bool flush();
+  bool finish_request();
+  bool refuse(const api::ApiError& error);  // answers and ends the connection
+  void queue(std::string_view bytes);
+  void begin_request();
+  void start_linger();
+  bool on_peer_closed();
+
+  std::uint64_t id_;
+  int fd_;
+  std::unique_ptr<Transport> transport_;
+  std::optional<util::IpAddress> peer_;
+  ConnectionHost& host_;
+  const ConnectionLimits& limits_;
+
+  Phase phase_ = Phase::kHead;
+  std::string in_;  // received and not yet consumed
+  std::size_t scanned_ = 0;  // of in_, searched for the end of the head
+  std::string out_;
+  std::size_t out_sent_ = 0;
+  bool peer_closed_ = false;
+  bool wants_write_ = false;  // TLS needs the socket writable
+  bool close_after_response_ = false;
+
+  // The request being read.
+  std::optional<Request> request_;
+  std::function<void(ExchangePtr)> on_request_;
+  std::uint64_t body_limit_ = 0;
+  std::size_t body_received_ = 0;  // with Content-Length: bytes of request_->body filled
+  std::uint64_t discard_left_ = 0;
+  std::unique_ptr<ChunkedDecoder> chunked_;
+
+  Clock::time_point phase_since_;      // when the current phase (or head) began
+  Clock::time_point last_progress_;    // last byte in or out
+  bool head_started_ = false;          // some bytes of the next head are in
+  std::size_t lingered_bytes_ = 0;
+};
+
+}  // namespace vllmd::daemon::http
