@@ -1,0 +1,573 @@
+"""The front door: what the HTTP core does with requests that are incomplete, ambiguous,
+malformed, oversized or hostile, before any of it reaches an engine.
+
+The contract (the HTTP core must show exactly this):
+
+* A request whose body did not fully arrive is never executed: the body cut short by the
+  client is 400 bad_request, a body that stalls past server.timeout is 408 request_timeout;
+  the engine hears nothing of it.
+* Ambiguous framing (Content-Length with Transfer-Encoding, duplicate or invalid lengths,
+  invalid chunk sizes, chunk data longer than declared) is 400 bad_request and ends the
+  connection, so nothing hidden in a body is ever read as a second request. A transfer coding
+  other than chunked is 501 not_implemented; chunked not last is 400.
+* Routing, methods and authentication are decided from the header, before the body: a 404,
+  405, 401 or 413 does not wait for (or buffer) the body, slow unauthenticated uploads hold
+  no worker, and `Expect: 100-continue` gets the final status instead of 100 when the request
+  is refused anyway (an unknown expectation: 417).
+* A second daemon on a port already in use exits with 69 instead of sharing it.
+* The systemd watchdog proves the HTTP event loop answers, whatever the access policy, and
+  stops when that loop (the `vllmd-http` thread) hangs.
+* Access-log lines start with the client address and escape every byte a terminal or a log
+  parser could misread (outside 0x21..0x7e, and backslash and double quote, as \\xNN).
+* Every error, including those from the connection layer, is the OpenAI JSON shape; errors
+  that end the connection say `Connection: close` and the server closes after them.
+
+Raw sockets on 127.0.0.1 for everything malformed; `requests` for normal calls. Every process
+a test starts is killed by pid when it ends, and every socket it opens is closed.
+"""
+
+import ctypes
+import errno
+import json
+import os
+import re
+import select
+import socket
+import subprocess
+import threading
+import time
+import unittest
+
+import requests
+from requests.structures import CaseInsensitiveDict
+
+import harness
+
+DEFAULT = {"weight_version": "default"}
+AUTH = {"Authorization": "Bearer secret"}
+
+# ---------------------------------------------------------------------------------------------
+# Raw HTTP helpers
+
+
+class RawResponse:
+    """One response read off a raw socket, shaped like requests' Response (status_code,
+    headers, text, json()) so that DaemonTestCase.assert_error can check it."""
+
+    def __init__(self, status_line, status_code, headers, content, elapsed):
+        self.status_line = status_line
+        self.status_code = status_code
+        self.headers = headers
+        self.content = content
+        self.elapsed = elapsed  # seconds from the read's start to the complete response
+
+    @property
+    def text(self):
+        return self.content.decode("utf-8", "replace")
+
+    def json(self):
+        try:
+            return json.loads(self.content)
+        except ValueError:
+            raise AssertionError(f"not a JSON body: {self.status_line!r} {self.content[:300]!r}")
+
+    def __repr__(self):
+        return f"<{self.status_line!r} {dict(self.headers)} {self.content[:200]!r}>"
+
+
+class RawConnection:
+    """A client connection that sends exact bytes and reads responses as they arrive.
+
+    Reads raise AssertionError (a test failure, not an error) when the server stays silent
+    or closes without answering: silence is one of the defects these tests look for."""
+
+    def __init__(self, port, timeout=5.0):
+        self.sock = socket.create_connection((harness.HOST, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = b""
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def half_close(self):
+        """No more bytes from the client (FIN), while it still reads."""
+        self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self):
+        self.sock.close()
+
+    def _fill(self, deadline, what, eof_ok=False):
+        """Receives more bytes; False at the server's close if `eof_ok`."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"no {what} in time; received so far: {self.buffer[:300]!r}")
+        self.sock.settimeout(remaining)
+        try:
+            chunk = self.sock.recv(65536)
+        except socket.timeout:
+            raise AssertionError(f"timed out waiting for {what}; received so far: "
+                                 f"{self.buffer[:300]!r}") from None
+        except ConnectionResetError:
+            raise AssertionError(f"connection reset while waiting for {what}; received so "
+                                 f"far: {self.buffer[:300]!r}") from None
+        if not chunk:
+            if eof_ok:
+                return False
+            raise AssertionError(f"the server closed the connection without {what}; "
+                                 f"received: {self.buffer[:300]!r}")
+        self.buffer += chunk
+        return True
+
+    def read_response(self, timeout=5.0):
+        """The next response (a 1xx interim response counts as one), whole."""
+        started = time.monotonic()
+        deadline = started + timeout
+        while b"\r\n\r\n" not in self.buffer:
+            self._fill(deadline, "a response")
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status_line = lines[0]
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+            raise AssertionError(f"not an HTTP status line: {status_line!r}")
+        status = int(parts[1])
+        headers = CaseInsensitiveDict()
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip()] = value.strip()
+        if 100 <= status < 200 or status in (204, 304):
+            body = b""
+        elif "Content-Length" in headers:
+            length = int(headers["Content-Length"])
+            while len(self.buffer) < length:
+                self._fill(deadline, f"the rest of a {status} response's body")
+            body, self.buffer = self.buffer[:length], self.buffer[length:]
+        else:  # delimited by the close
+            while self._fill(deadline, "the end of a close-delimited body", eof_ok=True):
+                pass
+            body, self.buffer = self.buffer, b""
+        return RawResponse(status_line, status, headers, body, time.monotonic() - started)
+
+    def read_until_closed(self, timeout=2.0):
+        """(closed, extra): whether the server closed the connection within `timeout`, and
+        any bytes that arrived first (a second response would show up here)."""
+        deadline = time.monotonic() + timeout
+        extra, self.buffer = self.buffer, b""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False, extra
+            self.sock.settimeout(remaining)
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout:
+                return False, extra
+            except ConnectionResetError:
+                return True, extra
+            if not chunk:
+                return True, extra
+            extra += chunk
+
+
+def request(method, target, headers=(), body=b"", version="HTTP/1.1", host=True):
+    """Request bytes exactly as given: header lines in order, nothing added but Host."""
+    lines = [f"{method} {target} {version}".encode("latin-1")]
+    if host:
+        lines.append(b"Host: x")
+    lines += [line.encode("latin-1") if isinstance(line, str) else line for line in headers]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def vm_hwm_kib(pid):
+    """Peak resident set size of a process so far (VmHWM, KiB)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
+
+
+def threads(pid):
+    """{tid: name} of a process's threads (pthread names, /proc/PID/task/TID/comm)."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+                found[int(tid)] = f.read().rstrip("\n")
+        except FileNotFoundError:
+            pass  # the thread just ended
+    return found
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ptrace.restype = ctypes.c_long
+_libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+PTRACE_DETACH = 17
+PTRACE_SEIZE = 0x4206
+PTRACE_INTERRUPT = 0x4207
+WALL = 0x40000000
+
+
+def ptrace(operation, tid):
+    if _libc.ptrace(operation, tid, None, None) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"ptrace({operation:#x}, {tid}): {os.strerror(number)}")
+
+
+class FrozenThread:
+    """One thread of another process stopped with ptrace (the rest of it runs on)."""
+
+    def __init__(self, tid):
+        self.tid = tid
+        ptrace(PTRACE_SEIZE, tid)  # attached, still running
+        self.attached = True
+        try:
+            ptrace(PTRACE_INTERRUPT, tid)
+            _, status = os.waitpid(tid, WALL)
+            if not os.WIFSTOPPED(status):
+                raise AssertionError(f"thread {tid} did not stop: status {status:#x}")
+        except BaseException:
+            self.thaw()
+            raise
+
+    def thaw(self):
+        """Detaches (the thread runs on); a thread that is gone already is fine."""
+        if not self.attached:
+            return
+        self.attached = False
+        try:
+            ptrace(PTRACE_DETACH, self.tid)
+        except OSError as error:
+            if error.errno != errno.ESRCH:
+                raise
+
+
+# ---------------------------------------------------------------------------------------------
+# The requests the attacks send (also the seeds in tests/fuzz/fuzz_http_parser_corpus/)
+
+# A finish body of exactly 40 bytes (trailing blanks are JSON whitespace).
+FINISH_BODY = b'{"weight_version":"step-42"}'.ljust(40)
+SMUGGLED_BODY = b'{"new_version":"smuggled"}'
+SMUGGLED = request("POST", "/update_weight_version",
+                   ["Content-Type: application/json",
+                    f"Content-Length: {len(SMUGGLED_BODY)}"], SMUGGLED_BODY)
+CHUNKED = "Transfer-Encoding: chunked"
+
+
+def finish_with_length(sent):
+    """POST /finish_weight_update declaring 40 body bytes, with only `sent` of them."""
+    return request("POST", "/finish_weight_update",
+                   ["Content-Type: application/json", f"Content-Length: {len(FINISH_BODY)}"],
+                   FINISH_BODY[:sent])
+
+
+def finish_chunked(chunks):
+    return request("POST", "/finish_weight_update", ["Content-Type: application/json", CHUNKED],
+                   chunks)
+
+
+# Chunked finish bodies that never reach their last chunk.
+INCOMPLETE_CHUNKED = {
+    "no_last_chunk": b'5\r\n{"wei\r\n',        # a whole chunk, then nothing
+    "chunk_data_cut": b'1c\r\n{"weight_ver',   # 0x1c bytes declared, 12 sent
+    "no_chunk_at_all": b"",                     # the header only
+}
+
+# Chunk-size lines that are not a chunk size (RFC 9112 7.1: 1*HEXDIG, no sign, no prefix),
+# or one that overflows any integer.
+BAD_CHUNK_SIZES = {
+    "zz": b"zz",
+    "negative": b"-5",
+    "0x5": b"0x5",
+    "overflow": b"f" * 18,
+}
+
+
+def bad_chunk_size(size):
+    return finish_chunked(size + b'\r\n{"weight_version":"step-42"}\r\n0\r\n\r\n')
+
+
+def smuggle(framing, body):
+    """POST /start_weight_update with `framing` headers and `body`, which hides (or is
+    followed by) SMUGGLED."""
+    return request("POST", "/start_weight_update", framing, body)
+
+
+LAST_CHUNK_THEN_SMUGGLED = b"0\r\n\r\n" + SMUGGLED
+# SMUGGLED as the data of one chunk: chunked framing says one request; a Content-Length of
+# just the chunk-size line says the chunk data is the next request.
+SMUGGLED_SIZE_LINE = b"%x\r\n" % len(SMUGGLED)
+SMUGGLED_AS_CHUNK = SMUGGLED_SIZE_LINE + SMUGGLED + b"\r\n0\r\n\r\n"
+
+SMUGGLING = {
+    "cl_te": smuggle([f"Content-Length: {len(SMUGGLED_SIZE_LINE)}", CHUNKED],
+                     SMUGGLED_AS_CHUNK),
+    "te_cl": smuggle([CHUNKED, f"Content-Length: {len(SMUGGLED_SIZE_LINE)}"],
+                     SMUGGLED_AS_CHUNK),
+    # The first length says no body, the second that SMUGGLED is the body.
+    "two_cl": smuggle(["Content-Length: 0", f"Content-Length: {len(SMUGGLED)}"], SMUGGLED),
+    "cl_negative": smuggle(["Content-Length: -1"], SMUGGLED),
+    "cl_empty": smuggle(["Content-Length:"], SMUGGLED),
+    # 3 bytes declared, "abc0" sent: a lenient parser reads "abc", then "0" as the last
+    # chunk, and SMUGGLED as the next request.
+    "chunk_overlong": smuggle([CHUNKED], b"3\r\nabc0\r\n\r\n" + SMUGGLED),
+}
+
+TE_GZIP_CHUNKED = smuggle(["Transfer-Encoding: gzip, chunked"], LAST_CHUNK_THEN_SMUGGLED)
+TE_CHUNKED_GZIP = smuggle(["Transfer-Encoding: chunked, gzip"], LAST_CHUNK_THEN_SMUGGLED)
+
+BIG_NO_ROUTE = request("POST", "/no_such_route", ["Content-Type: application/json",
+                                                  "Content-Length: 104857600"])
+BIG_UNAUTHENTICATED = request("POST", "/update_weights", ["Content-Type: application/json",
+                                                          "Content-Length: 104857600"])
+SLOW_UNAUTHENTICATED = request("POST", "/update_weights", ["Content-Type: application/json",
+                                                           "Content-Length: 1000000"])
+PUT_WEIGHT_INFO_1GB = request("PUT", "/weight_info", ["Content-Length: 1073741824"])
+
+UPDATE_BODY = json.dumps({"update_info": harness.update_info()}).encode()
+EXPECT_TOO_LARGE = request("POST", "/update_weights",
+                           ["Authorization: Bearer secret", "Content-Type: application/json",
+                            "Content-Length: 10000", "Expect: 100-continue"])
+
+
+def expect_unauthorized(authorization):
+    extra = [f"Authorization: {authorization}"] if authorization else []
+    return request("POST", "/update_weights", [*extra, "Content-Type: application/json",
+                                               f"Content-Length: {len(UPDATE_BODY)}",
+                                               "Expect: 100-continue"])
+
+
+def set_version(version, expect=None, authorization="Bearer secret"):
+    """Head and body of POST /update_weight_version, sent apart."""
+    body = json.dumps({"new_version": version}).encode()
+    head = request("POST", "/update_weight_version",
+                   [f"Authorization: {authorization}", "Content-Type: application/json",
+                    f"Content-Length: {len(body)}",
+                    *([f"Expect: {expect}"] if expect else [])])
+    return head, body
+
+
+LOG_CRLF = request("GET", "/%0d%0aFORGED%20line")
+LOG_NON_ASCII = request("GET", "/caf%C3%A9")
+LOG_QUOTE_BACKSLASH = request("GET", "/q%22b%5Cc")
+
+# Malformed requests the parser must answer with 400 bad_request.
+MALFORMED = {
+    "http11_no_host": request("GET", "/health", host=False),
+    "cl_abc": request("POST", "/start_weight_update", ["Content-Length: abc"], b"{}"),
+    "header_name_nul": request("GET", "/health", [b"X-A\x00b: c"]),
+    "header_value_cr": request("GET", "/health", [b"X-A: b\rc"]),
+    "bare_lf": b"GET /health HTTP/1.1\nHost: x\n\n",
+    "obs_fold": request("GET", "/health", ["X-A: b", " c"]),
+    "space_before_colon": b"GET /health HTTP/1.1\r\nHost : x\r\n\r\n",
+}
+HTTP2_VERSION = request("GET", "/health", version="HTTP/2.0")
+HTTP12_VERSION = request("GET", "/health", version="HTTP/1.2")
+HTTP10_NO_HOST = request("GET", "/health", version="HTTP/1.0", host=False)
+
+HEADER_TOO_LARGE = request("GET", "/health", ["X-Pad: " + "p" * 2000])
+HEADER_STALLED = b"GET /health HTTP/1.1\r\nHost: x\r\n"  # no blank line, ever
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class FrontDoorCase(harness.DaemonTestCase):
+    """Helpers shared by the front-door suites."""
+
+    def embedded(self, args=(), **settings):
+        """An embedded-mode dev daemon; settings become VLLMD_<NAME> variables."""
+        env = harness.clean_env({f"VLLMD_{key.upper()}": str(value)
+                                 for key, value in settings.items()})
+        daemon = self.launch_daemon(["--dev-mode", *args], env=env)
+        daemon.wait_healthy()
+        return daemon
+
+    def external(self, **server):
+        """External mode, one recording reference engine; settings go to [server]."""
+        args = []
+        if server:
+            config = self.write_config(
+                "[server]\n" + "".join(f"{key} = {value}\n" for key, value in server.items()))
+            args = ["--config", config]
+        daemon, (engine,), _ = self.start_external(dp=1, daemon_args=args)
+        return daemon, engine
+
+    def raw(self, daemon, timeout=5.0):
+        conn = RawConnection(daemon.port, timeout)
+        self.addCleanup(conn.close)
+        return conn
+
+    def engine_calls(self, daemon, engine):
+        """The names of the calls the engine received, once none is pending."""
+        time.sleep(0.2)  # a call the daemon is about to make
+        daemon.wait_no_pending_calls()
+        return harness.call_names(engine.calls())
+
+    def assert_closing_error(self, response, status, code, type_=None):
+        """An error that ends the connection: the JSON shape and Connection: close."""
+        error = self.assert_error(response, status, code, type_=type_)
+        self.assertEqual(response.headers.get("Connection", "").lower(), "close",
+                         f"{status} {code} without Connection: close: {response!r}")
+        return error
+
+    def assert_closed(self, conn, timeout=2.0):
+        """The server closes the connection now, and sends nothing more first."""
+        closed, extra = conn.read_until_closed(timeout)
+        self.assertEqual(extra, b"", "bytes after the error response (a second response?)")
+        self.assertTrue(closed, f"the connection is still open {timeout} s after an error "
+                                "that ends it")
+
+    def assert_weight_info(self, daemon, version="default"):
+        self.assert_json(daemon.get("/weight_info"), 200, {"weight_version": version})
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Incomplete bodies are never executed
+
+
+class IncompleteBodyTest(FrontDoorCase):
+
+    def open_session(self, daemon):
+        # The trainer opened an update; its finish is what breaks off.
+        self.assert_json(daemon.post("/start_weight_update"), 200,
+                         {"message": "Weight update started"})
+
+    def assert_not_executed(self, daemon, engine, before, response):
+        # The record first: an executed finish is the defect, the status only its symptom.
+        names = self.engine_calls(daemon, engine)[before:]
+        self.assertNotIn("finish_weight_update", names,
+                         f"an incomplete request was executed (answered {response!r})")
+        self.assertNotIn("set_weight_version", names)
+        self.assertEqual(names, [], "an incomplete request reached the engine")
+
+    def test_a_body_cut_short_by_the_client_is_400_and_never_executed(self):
+        daemon, engine = self.external()
+        self.open_session(daemon)
+        for sent in (10, 0):  # of 40 declared bytes
+            with self.subTest(sent=sent):
+                before = len(engine.calls())
+                conn = self.raw(daemon)
+                conn.send(finish_with_length(sent))
+                conn.half_close()
+                response = conn.read_response()
+                self.assert_not_executed(daemon, engine, before, response)
+                self.assert_closing_error(response, 400, "bad_request")
+                self.assert_closed(conn)
+        self.assert_weight_info(daemon)
+
+    def test_a_body_that_stalls_is_408_and_never_executed(self):
+        daemon, engine = self.external(timeout=1)
+        self.open_session(daemon)
+        for sent in (10, 0):
+            with self.subTest(sent=sent):
+                before = len(engine.calls())
+                conn = self.raw(daemon)
+                conn.send(finish_with_length(sent))  # and then nothing, socket open
+                response = conn.read_response(timeout=4)
+                self.assert_not_executed(daemon, engine, before, response)
+                self.assert_closing_error(response, 408, "request_timeout")
+                self.assertLess(response.elapsed, 3)
+                self.assert_closed(conn)
+        self.assert_weight_info(daemon)
+
+    def test_a_chunked_body_without_its_last_chunk_is_400_and_never_executed(self):
+        daemon, engine = self.external()
+        self.open_session(daemon)
+        for name, chunks in INCOMPLETE_CHUNKED.items():
+            with self.subTest(body=name):
+                before = len(engine.calls())
+                conn = self.raw(daemon)
+                conn.send(finish_chunked(chunks))
+                conn.half_close()
+                response = conn.read_response()
+                self.assert_not_executed(daemon, engine, before, response)
+                self.assert_closing_error(response, 400, "bad_request")
+                self.assert_closed(conn)
+        self.assert_weight_info(daemon)
+
+    def test_a_chunked_body_that_stalls_is_408_and_never_executed(self):
+        daemon, engine = self.external(timeout=1)
+        self.open_session(daemon)
+        for name, chunks in INCOMPLETE_CHUNKED.items():
+            with self.subTest(body=name):
+                before = len(engine.calls())
+                conn = self.raw(daemon)
+                conn.send(finish_chunked(chunks))
+                response = conn.read_response(timeout=4)
+                self.assert_not_executed(daemon, engine, before, response)
+                self.assert_closing_error(response, 408, "request_timeout")
+                self.assertLess(response.elapsed, 3)
+                self.assert_closed(conn)
+        self.assert_weight_info(daemon)
+
+    def test_an_invalid_chunk_size_is_400_and_never_executed(self):
+        daemon, engine = self.external()
+        self.open_session(daemon)
+        for name, size in BAD_CHUNK_SIZES.items():
+            with self.subTest(size=name):
+                before = len(engine.calls())
+                conn = self.raw(daemon)
+                conn.send(bad_chunk_size(size))
+                response = conn.read_response()
+                self.assert_not_executed(daemon, engine, before, response)
+                self.assert_closing_error(response, 400, "bad_request")
+                self.assert_closed(conn)
+        self.assert_weight_info(daemon)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Request smuggling
+
+
+class SmugglingTest(FrontDoorCase):
+
+    def attempt(self, payload):
+        """Sends `payload` on one connection; (daemon, engine, first response, whether the
+        server closed afterwards, the bytes that followed the first response)."""
+        daemon, engine = self.external()
+        conn = self.raw(daemon)
+        conn.send(payload)
+        first = conn.read_response()
+        closed, extra = conn.read_until_closed(2)
+        return daemon, engine, first, closed, extra
+
+    def assert_refused(self, payload, status=400, code="bad_request"):
+        daemon, engine, first, closed, extra = self.attempt(payload)
+        names = self.engine_calls(daemon, engine)
+        self.assertNotIn("set_weight_version", names,
+                         f"the smuggled request was executed (first response {first!r}, then "
+                         f"{extra[:200]!r})")
+        self.assertEqual(names, [], f"the ambiguous request reached the engine ({first!r})")
+        self.assert_weight_info(daemon)
+        self.assert_closing_error(first, status, code)
+        self.assertEqual(extra, b"", "a second response on the connection")
+        self.assertTrue(closed, "the connection stayed open after ambiguous framing")
+
+    def test_content_length_with_chunked(self):
+        self.assert_refused(SMUGGLING["cl_te"])
+
+    def test_chunked_before_content_length(self):
+        self.assert_refused(SMUGGLING["te_cl"])
+
+    def test_two_different_content_lengths(self):
+        self.assert_refused(SMUGGLING["two_cl"])
+
+    def test_negative_content_length(self):
+        self.assert_refused(SMUGGLING["cl_negative"])
+
+    def test_empty_content_length(self):
+        self.assert_refused(SMUGGLING["cl_empty"])
+
+    def test_chunk_data_longer_than_its_size(self):
+        self.assert_refused(SMUGGLING["chunk_overlong"])
+
+    def test_a_coding_other_than_chunked_is_501(self):
+        self.assert_refused(TE_GZIP_CHUNKED, 501, "not_implemented")
+
+    def test_chunked_not_last_is_400(self):
+        self.assert_refused(TE_CHUNKED_GZIP)
+
+
+if __name__ == "__main__":
+    unittest.main()
