@@ -569,5 +569,237 @@ class SmugglingTest(FrontDoorCase):
         self.assert_refused(TE_CHUNKED_GZIP)
 
 
+# ---------------------------------------------------------------------------------------------
+# 3. Decide before the body
+
+
+def stream_body(port, head, total, deadline):
+    """Sends `head`, then zeros as fast as the server takes them, up to `total` bytes, while
+    reading whatever the server answers. Stops at the first complete response, the server's
+    close or reset, or `deadline`. Returns what happened."""
+    outcome = {"response": None, "sent": 0, "seconds": None, "sent_at_response": None,
+               "end": "deadline"}
+    sock = socket.create_connection((harness.HOST, port), timeout=5)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(head)
+        started = time.monotonic()
+        sock.setblocking(False)
+        chunk = memoryview(bytes(1 << 20))
+        received = b""
+        writing = True
+        while time.monotonic() < deadline:
+            want_write = [sock] if writing and outcome["sent"] < total else []
+            readable, writable, _ = select.select([sock], want_write, [], 0.2)
+            if readable:
+                try:
+                    data = sock.recv(65536)
+                except BlockingIOError:
+                    data = None
+                except ConnectionResetError:
+                    outcome["end"] = "reset"
+                    break
+                if data == b"":
+                    outcome["end"] = "closed"
+                    break
+                if data:
+                    if outcome["seconds"] is None:
+                        outcome["seconds"] = time.monotonic() - started
+                        outcome["sent_at_response"] = outcome["sent"]
+                    received += data
+                    head_end = received.find(b"\r\n\r\n")
+                    if head_end >= 0:
+                        match = re.search(rb"\r\ncontent-length:\s*(\d+)",
+                                          received[:head_end], re.I)
+                        if match and len(received) >= head_end + 4 + int(match.group(1)):
+                            outcome["end"] = "answered"
+                            break
+            if writable:
+                try:
+                    outcome["sent"] += sock.send(chunk[:min(len(chunk),
+                                                            total - outcome["sent"])])
+                except BlockingIOError:
+                    pass
+                except (BrokenPipeError, ConnectionResetError):
+                    writing = False  # the server stopped reading: read what it said
+        if received:
+            conn = RawConnection.__new__(RawConnection)
+            conn.sock, conn.buffer = sock, received
+            sock.setblocking(True)
+            try:
+                outcome["response"] = conn.read_response(timeout=1)
+            except AssertionError as error:
+                outcome["partial"] = f"{error}"
+    finally:
+        sock.close()
+    return outcome
+
+
+class DecideBeforeTheBodyTest(FrontDoorCase):
+    CONNECTIONS = 6
+    BODY = 104857600  # 100 MiB each, under the default body limit (128 MiB)
+
+    def flood(self, head, status, code, type_):
+        daemon = self.embedded(["--api-key", "secret"])
+        idle = vm_hwm_kib(daemon.pid)
+        deadline = time.monotonic() + 15
+        outcomes = [None] * self.CONNECTIONS
+
+        def run(index):
+            outcomes[index] = stream_body(daemon.port, head, self.BODY, deadline)
+
+        senders = [threading.Thread(target=run, args=(i,)) for i in range(self.CONNECTIONS)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(timeout=20)
+        peak = vm_hwm_kib(daemon.pid)
+        print(f"\n  {head.split(b' ')[1].decode()}: VmHWM idle {idle} KiB, after {peak} KiB; "
+              f"bytes sent before the answer: {[o and o['sent_at_response'] for o in outcomes]}",
+              flush=True)
+        for index, outcome in enumerate(outcomes):
+            with self.subTest(connection=index):
+                self.assertIsNotNone(outcome, "the sender did not finish")
+                self.assertIsNotNone(outcome["response"],
+                                     f"no response before the connection ended: {outcome}")
+                self.assert_error(outcome["response"], status, code, type_=type_)
+                self.assertLess(outcome["sent_at_response"], self.BODY,
+                                "the answer waited for the whole body")
+                self.assertLess(outcome["seconds"], 2, "the answer was not prompt")
+        self.assertLess(peak, 2 * idle, f"the bodies were buffered: VmHWM {idle} KiB idle, "
+                                        f"{peak} KiB after")
+        self.assertEqual(daemon.health_status(), 200)
+
+    def test_an_unknown_route_is_404_before_a_100_mb_body(self):
+        self.flood(BIG_NO_ROUTE, 404, "not_found", "invalid_request_error")
+
+    def test_a_missing_api_key_is_401_before_a_100_mb_body(self):
+        self.flood(BIG_UNAUTHENTICATED, 401, "unauthorized", "authentication_error")
+
+    def test_slow_unauthenticated_uploads_hold_no_worker(self):
+        daemon = self.embedded(["--api-key", "secret"])
+        count = 16  # as many as the default server.threads
+        stop = threading.Event()
+        sent_heads = threading.Semaphore(0)
+        results = [{} for _ in range(count)]
+
+        def slow(result):
+            conn = RawConnection(daemon.port)
+            try:
+                conn.send(SLOW_UNAUTHENTICATED)
+                result["head_sent"] = time.monotonic()
+                sent_heads.release()
+                next_byte = time.monotonic()
+                conn.sock.setblocking(False)
+                while not stop.is_set():
+                    now = time.monotonic()
+                    if now >= next_byte:
+                        try:
+                            conn.sock.send(b"{")
+                            result["body_bytes"] = result.get("body_bytes", 0) + 1
+                        except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+                            pass
+                        next_byte = now + 5
+                    readable, _, _ = select.select([conn.sock], [], [], 0.1)
+                    if readable:
+                        try:
+                            data = conn.sock.recv(4096)
+                        except (BlockingIOError, ConnectionResetError):
+                            data = b""
+                        if data and "status_line" not in result:
+                            result["status_line"] = data.split(b"\r\n", 1)[0].decode("latin-1")
+                            result["answered"] = time.monotonic()
+                        if not data:
+                            break
+            finally:
+                conn.close()
+
+        workers = [threading.Thread(target=slow, args=(result,)) for result in results]
+        for worker in workers:
+            worker.start()
+        self.addCleanup(lambda: [worker.join(timeout=10) for worker in workers])
+        self.addCleanup(stop.set)
+        for _ in range(count):
+            self.assertTrue(sent_heads.acquire(timeout=5), "a slow client could not connect")
+        time.sleep(0.3)  # each header is in; each would now be blocking a worker
+
+        timings = {}
+        for path in ("/start_weight_update", "/finish_weight_update"):
+            started = time.monotonic()
+            try:
+                response = daemon.post(path, headers=AUTH, timeout=3)
+                status = response.status_code
+            except requests.RequestException as error:
+                status = f"no answer ({type(error).__name__})"
+            timings[path] = (status, time.monotonic() - started)
+        harness.wait_until(lambda: all("status_line" in r for r in results) or
+                           time.monotonic() > max(r["head_sent"] for r in results) + 2,
+                           5, message="the slow clients' answers")
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=5)
+
+        for path, (status, seconds) in timings.items():
+            with self.subTest(path=path):
+                self.assertEqual(status, 200, f"{path} with the right key, next to 16 slow "
+                                              "unauthenticated uploads")
+                self.assertLess(seconds, 1)
+        for index, result in enumerate(results):
+            with self.subTest(slow=index):
+                self.assertIn("status_line", result, "no answer to a slow unauthenticated "
+                                                     "upload within 2 s of its header")
+                self.assertTrue(result["status_line"].startswith("HTTP/1.1 401 "),
+                                result["status_line"])
+                self.assertLess(result["answered"] - result["head_sent"], 2)
+
+    def test_expect_100_continue_gets_the_final_status_when_refused(self):
+        daemon = self.embedded(["--api-key", "secret", "--max-body-bytes", "1000"])
+        cases = [("too large", EXPECT_TOO_LARGE, 413, "payload_too_large",
+                  "invalid_request_error"),
+                 ("no key", expect_unauthorized(None), 401, "unauthorized",
+                  "authentication_error"),
+                 ("wrong key", expect_unauthorized("Bearer wrong"), 401, "unauthorized",
+                  "authentication_error")]
+        for name, head, status, code, type_ in cases:
+            with self.subTest(case=name):
+                conn = self.raw(daemon)
+                conn.send(head)  # and wait for 100 before sending the body, as curl does
+                first = conn.read_response(timeout=3)
+                self.assertTrue(first.status_line.startswith(f"HTTP/1.1 {status} "),
+                                f"first status line: {first.status_line!r}")
+                self.assert_error(first, status, code, type_=type_)
+
+    def test_expect_100_continue_when_accepted(self):
+        daemon = self.embedded(["--api-key", "secret", "--max-body-bytes", "1000"])
+        head, body = set_version("v-continue", expect="100-continue")
+        conn = self.raw(daemon)
+        conn.send(head)
+        interim = conn.read_response(timeout=3)
+        self.assertEqual(interim.status_line, "HTTP/1.1 100 Continue")
+        conn.send(body)
+        final = conn.read_response()
+        self.assertEqual(final.status_code, 200, final)
+        self.assertEqual(final.json(), {"success": True, "new_version": "v-continue"})
+        self.assert_json(daemon.get("/weight_info", headers=AUTH), 200,
+                         {"weight_version": "v-continue"})
+
+    def test_an_unknown_expectation_is_417(self):
+        daemon = self.embedded(["--api-key", "secret"])
+        head, body = set_version("v-417", expect="something-else")
+        conn = self.raw(daemon)
+        conn.send(head + body)
+        response = conn.read_response(timeout=3)
+        self.assert_json(daemon.get("/weight_info", headers=AUTH), 200, DEFAULT)
+        self.assert_error(response, 417, "expectation_failed")
+
+    def test_a_wrong_method_is_405_before_a_1_gb_body(self):
+        daemon = self.embedded()
+        conn = self.raw(daemon)
+        conn.send(PUT_WEIGHT_INFO_1GB)  # and no body
+        response = conn.read_response(timeout=2)
+        self.assert_error(response, 405, "method_not_allowed")
+        self.assertEqual(response.headers.get("Allow"), "GET")
+
+
 if __name__ == "__main__":
     unittest.main()
