@@ -801,5 +801,128 @@ class DecideBeforeTheBodyTest(FrontDoorCase):
         self.assertEqual(response.headers.get("Allow"), "GET")
 
 
+# ---------------------------------------------------------------------------------------------
+# 4. Two daemons on one port
+
+
+class PortInUseTest(FrontDoorCase):
+
+    def test_a_second_daemon_on_a_port_in_use_exits_69(self):
+        first = self.embedded()
+        port = first.port
+        self.assert_json(first.post("/update_weight_version", json={"new_version": "first"}),
+                         200, {"success": True, "new_version": "first"})
+
+        out_path = os.path.join(self.workdir, "second.out")
+        err_path = os.path.join(self.workdir, "second.err")
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            second = subprocess.Popen(
+                [harness.vllmd_bin(), "--dev-mode", "--port", str(port)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=harness.clean_env(),
+                preexec_fn=harness.die_with_parent)
+
+        def reap():
+            if second.poll() is None:
+                os.kill(second.pid, 9)
+            second.wait(timeout=10)
+
+        self.addCleanup(reap)
+        try:
+            status = second.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            status = None
+        # Who answers on the port now: a new connection each.
+        answers = []
+        for _ in range(8):
+            try:
+                response = requests.get(f"{first.url}/weight_info", timeout=5)
+                answers.append(response.json().get("weight_version"))
+            except (requests.RequestException, ValueError) as error:
+                answers.append(f"no answer ({type(error).__name__})")
+        with open(err_path, encoding="utf-8", errors="replace") as handle:
+            stderr = handle.read()
+        self.assertIsNotNone(status, f"a second daemon started on 127.0.0.1:{port}, which "
+                                     f"another one is listening on; /weight_info answered "
+                                     f"{answers}; its stderr:\n{stderr}")
+        self.assertEqual(status, 69, stderr)
+        naming = [line for line in stderr.splitlines()
+                  if f"127.0.0.1:{port}" in line and "in use" in line.lower()]
+        self.assertEqual(len(naming), 1,
+                         f"one line naming 127.0.0.1:{port} as in use; stderr:\n{stderr}")
+        self.assertEqual(answers, ["first"] * 8, "not every answer came from the first daemon")
+        self.assertEqual(first.health_status(), 200)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. The watchdog
+
+
+class WatchdogTest(FrontDoorCase):
+
+    def watched(self, args):
+        notify = harness.NotifySocket(os.path.join(self.workdir, "notify.sock"))
+        self.addCleanup(notify.close)
+        daemon = self.launch_daemon(["--dev-mode", *args], env=harness.clean_env(
+            {"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "400000"}))
+        notify.first("READY")
+        return daemon, notify
+
+    @staticmethod
+    def watchdogs(notify, since, until=None):
+        return [t for t, fields in list(notify.messages)
+                if "WATCHDOG" in fields and t >= since and (until is None or t <= until)]
+
+    def assert_fed(self, args):
+        daemon, notify = self.watched(args)
+        since = time.monotonic()
+        time.sleep(2)
+        fed = self.watchdogs(notify, since)
+        self.assertGreaterEqual(len(fed), 4, f"WATCHDOG=1 in 2 s with {args}: {len(fed)}; log:\n"
+                                             f"{daemon.log()[-2000:]}")
+
+    def test_the_watchdog_is_fed_with_api_keys(self):
+        self.assert_fed(["--api-key", "secret"])
+
+    def test_the_watchdog_is_fed_with_an_allowlist_without_loopback(self):
+        self.assert_fed(["--allow", "10.0.0.0/8"])
+
+    def test_the_watchdog_stops_while_the_http_thread_hangs(self):
+        daemon, notify = self.watched([])
+        since = time.monotonic()
+        harness.wait_until(lambda: len(self.watchdogs(notify, since)) >= 2, 3,
+                           message="WATCHDOG=1 before the freeze")
+        names = threads(daemon.pid)
+        http = [tid for tid, name in names.items() if name == "vllmd-http"]
+        self.assertTrue(http, f"no thread named vllmd-http; threads: {sorted(names.values())}")
+
+        frozen = []
+
+        def thaw_all():
+            for thread in frozen:
+                thread.thaw()
+
+        self.addCleanup(thaw_all)  # runs before the daemon is stopped
+        try:
+            for tid in http:
+                frozen.append(FrozenThread(tid))
+        except OSError as error:
+            if error.errno == errno.EPERM:
+                self.skipTest(f"ptrace is not permitted here ({error}); cannot freeze the "
+                              "HTTP thread")
+            raise
+        frozen_at = time.monotonic()
+        time.sleep(1)  # grace: a probe already answered may still be reported
+        quiet_from = time.monotonic()
+        time.sleep(1.5)
+        during = self.watchdogs(notify, quiet_from, time.monotonic())
+        thaw_all()
+        thawed_at = time.monotonic()
+        self.assertEqual(during, [], f"WATCHDOG=1 while the HTTP thread was frozen (since "
+                                     f"{quiet_from - frozen_at:.1f} s after the freeze)")
+        harness.wait_until(lambda: self.watchdogs(notify, thawed_at), 2,
+                           message="WATCHDOG=1 again after the HTTP thread resumed")
+        self.assertEqual(daemon.health_status(), 200)
+
+
 if __name__ == "__main__":
     unittest.main()
