@@ -924,5 +924,168 @@ class WatchdogTest(FrontDoorCase):
         self.assertEqual(daemon.health_status(), 200)
 
 
+# ---------------------------------------------------------------------------------------------
+# 6. The access log and the parser's strictness
+
+PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z vllmd \w+: ")
+ACCESS_SUFFIX = re.compile(r" \d{3} \d+(\.\d+)?ms engine=\d+(\.\d+)?ms$")
+ACCESS_LINE = re.compile(r"^(\S+) ([A-Z]+) (\S+) (\d{3}) \d+(\.\d+)?ms engine=\d+(\.\d+)?ms$")
+
+
+def log_lines(daemon):
+    """The daemon's log lines after the logger's prefix, bytes as latin-1 (exact)."""
+    with open(daemon.log_path, "rb") as handle:
+        text = handle.read().decode("latin-1")
+    return [PREFIX.sub("", line) for line in text.split("\n") if line]
+
+
+def access_lines(daemon):
+    return [line for line in log_lines(daemon) if ACCESS_SUFFIX.search(line)]
+
+
+class AccessLogTest(FrontDoorCase):
+
+    def send_logged(self, daemon, payloads):
+        before = len(access_lines(daemon))
+        for payload in payloads:
+            conn = self.raw(daemon)
+            conn.send(payload)
+            response = conn.read_response()
+            self.assertEqual(response.status_code, 404, response)
+            self.assert_error(response, 404, "not_found")
+        harness.wait_until(lambda: len(access_lines(daemon)) >= before + len(payloads), 3,
+                           message="the access-log lines")
+
+    def test_control_bytes_in_a_path_cannot_forge_log_lines(self):
+        daemon = self.embedded()
+        self.send_logged(daemon, [LOG_CRLF, LOG_NON_ASCII, LOG_QUOTE_BACKSLASH])
+        lines = log_lines(daemon)
+        forged = [line for line in lines
+                  if "FORGED" in line and "/\\x0d\\x0aFORGED\\x20line" not in line]
+        self.assertEqual(forged, [], "a request path wrote a line of its own in the log")
+        access = access_lines(daemon)
+        self.assertTrue(any("/\\x0d\\x0aFORGED\\x20line" in line for line in access),
+                        f"no access line with the escaped path; lines:\n" + "\n".join(lines))
+        for escaped in ("/caf\\xc3\\xa9", "/q\\x22b\\x5cc"):
+            self.assertTrue(any(escaped in line for line in access),
+                            f"no access line with {escaped}; lines:\n" + "\n".join(access))
+
+    def test_access_lines_start_with_the_client_address(self):
+        daemon = self.embedded()
+        self.assertEqual(daemon.get("/health").status_code, 200)
+        self.send_logged(daemon, [LOG_CRLF, LOG_NON_ASCII, LOG_QUOTE_BACKSLASH])
+        harness.wait_until(lambda: any("GET /health 200 " in line
+                                       for line in access_lines(daemon)), 3,
+                           message="the /health access line")
+        access = access_lines(daemon)
+        self.assertTrue(any(line.startswith("127.0.0.1 GET /health 200 ") for line in access),
+                        "\n".join(access))
+        for line in access:
+            with self.subTest(line=line):
+                match = ACCESS_LINE.match(line)
+                self.assertIsNotNone(match, "not <client address> <METHOD> <path> <status> "
+                                            "<total>ms engine=<engine>ms")
+                self.assertEqual(match.group(1), "127.0.0.1")
+                # Escaped: nothing outside 0x21..0x7e, and no bare quote or backslash.
+                path = match.group(3)
+                self.assertTrue(all(0x21 <= ord(c) <= 0x7e for c in path), path)
+                self.assertNotIn('"', path)
+                self.assertIsNone(re.search(r"\\(?!x[0-9a-f]{2})", path), path)
+
+
+class StrictParsingTest(FrontDoorCase):
+    """Every malformed request gets an answer (never silence, never a guess)."""
+
+    def answer(self, payload, **settings):
+        # server.timeout 2 s: a request the parser does not recognise as complete would
+        # otherwise wait 10 s for more bytes.
+        settings.setdefault("timeout", 2)
+        daemon = self.embedded(**settings)
+        conn = self.raw(daemon)
+        conn.send(payload)
+        return daemon, conn, conn.read_response(timeout=4)
+
+    def assert_bad_request(self, payload):
+        daemon, conn, response = self.answer(payload)
+        self.assert_closing_error(response, 400, "bad_request")
+        self.assert_closed(conn)
+        self.assertEqual(daemon.health_status(), 200)
+
+    def test_http_2_0_is_505(self):
+        _, conn, response = self.answer(HTTP2_VERSION)
+        self.assert_closing_error(response, 505, "http_version_not_supported",
+                                  type_="invalid_request_error")
+        self.assert_closed(conn)
+
+    def test_http_1_2_is_505(self):
+        _, conn, response = self.answer(HTTP12_VERSION)
+        self.assert_closing_error(response, 505, "http_version_not_supported",
+                                  type_="invalid_request_error")
+        self.assert_closed(conn)
+
+    def test_http_1_1_without_host_is_400(self):
+        _, _, response = self.answer(MALFORMED["http11_no_host"])
+        self.assert_error(response, 400, "bad_request")
+
+    def test_http_1_0_without_host_is_served(self):
+        _, _, response = self.answer(HTTP10_NO_HOST)
+        self.assertEqual(response.status_code, 200, response)
+
+    def test_a_content_length_that_is_not_a_number_is_400(self):
+        self.assert_bad_request(MALFORMED["cl_abc"])
+
+    def test_a_nul_in_a_header_name_is_400(self):
+        self.assert_bad_request(MALFORMED["header_name_nul"])
+
+    def test_a_cr_in_a_header_value_is_400(self):
+        self.assert_bad_request(MALFORMED["header_value_cr"])
+
+    def test_bare_lf_line_endings_are_400(self):
+        self.assert_bad_request(MALFORMED["bare_lf"])
+
+    def test_an_obs_fold_header_line_is_400(self):
+        self.assert_bad_request(MALFORMED["obs_fold"])
+
+    def test_whitespace_between_a_header_name_and_its_colon_is_400(self):
+        self.assert_bad_request(MALFORMED["space_before_colon"])
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. One error shape from the connection layer
+
+
+class ConnectionLayerErrorsTest(FrontDoorCase):
+
+    def test_an_oversized_header_is_431_in_the_json_shape(self):
+        daemon = self.embedded(max_header_bytes=1024)
+        conn = self.raw(daemon)
+        conn.send(HEADER_TOO_LARGE)
+        self.assert_closing_error(conn.read_response(), 431, "header_too_large")
+        self.assert_closed(conn)
+
+    def test_a_stalled_header_is_408_in_the_json_shape(self):
+        daemon = self.embedded(timeout=1)
+        conn = self.raw(daemon)
+        conn.send(HEADER_STALLED)
+        response = conn.read_response(timeout=4)
+        self.assert_closing_error(response, 408, "request_timeout")
+        self.assertLess(response.elapsed, 3)
+        self.assert_closed(conn)
+
+    def test_a_connection_over_the_limit_is_503_in_the_json_shape(self):
+        daemon = self.embedded(max_connections=2)
+        time.sleep(0.3)  # the health checks' connections are gone
+        held = [self.raw(daemon) for _ in range(2)]  # idle, accepted in order
+        time.sleep(0.2)
+        extra = self.raw(daemon)
+        self.assert_closing_error(extra.read_response(timeout=3), 503, "server_busy",
+                                  type_="server_error")
+        self.assert_closed(extra)
+        for conn in held:
+            conn.close()
+        harness.wait_until(lambda: daemon.health_status() == 200, 5,
+                           message="/health once the held connections closed")
+
+
 if __name__ == "__main__":
     unittest.main()
