@@ -365,6 +365,12 @@ HTTP2_VERSION = request("GET", "/health", version="HTTP/2.0")
 HTTP12_VERSION = request("GET", "/health", version="HTTP/1.2")
 HTTP10_NO_HOST = request("GET", "/health", version="HTTP/1.0", host=False)
 
+# Well-formed: chunk extensions and a trailer section end one request, not start another.
+CHUNKED_WITH_TRAILERS = request(
+    "POST", "/update_weight_version", ["Content-Type: application/json", CHUNKED],
+    b'5;name=value\r\n{"new\r\n11;last\r\n_version":"step-7\r\n2\r\n"}\r\n'
+    b"0;done\r\nX-Trailer: t\r\nX-Other: u\r\n\r\n")
+
 HEADER_TOO_LARGE = request("GET", "/health", ["X-Pad: " + "p" * 2000])
 HEADER_STALLED = b"GET /health HTTP/1.1\r\nHost: x\r\n"  # no blank line, ever
 
@@ -1030,6 +1036,15 @@ class StrictParsingTest(FrontDoorCase):
     def test_http_1_0_without_host_is_served(self):
         _, _, response = self.answer(HTTP10_NO_HOST)
         self.assertEqual(response.status_code, 200, response)
+
+    def test_chunk_extensions_and_trailers_end_one_request(self):
+        daemon, conn, response = self.answer(CHUNKED_WITH_TRAILERS)
+        self.assertEqual(response.status_code, 200, response)
+        self.assertEqual(response.json(), {"success": True, "new_version": "step-7"})
+        closed, extra = conn.read_until_closed(0.5)
+        self.assertEqual(extra, b"", "the trailer section was read as another request")
+        self.assertFalse(closed, "a well-formed chunked request ended the connection")
+        self.assert_weight_info(daemon, "step-7")
 
     def test_a_content_length_that_is_not_a_number_is_400(self):
         self.assert_bad_request(MALFORMED["cl_abc"])
