@@ -110,7 +110,7 @@ bool Connection::process() {
         if (end == std::string::npos || end > limits_.max_header_bytes) {
           if (end != std::string::npos || in_.size() > limits_.max_header_bytes) {
             return refuse(api::header_too_large(
-                "request head exceeds " + std::to_string(limits_.max_header_bytes) +
+                "request header exceeds " + std::to_string(limits_.max_header_bytes) +
                 " bytes (server.max_header_bytes)"));
           }
           scanned_ = in_.size() >= 3 ? in_.size() - 3 : 0;
@@ -223,7 +223,7 @@ bool Connection::finish_request() {
   Request request = std::move(*request_);
   request_.reset();
   chunked_.reset();
-  request.body_at = Clock::now();
+  request.body_at = request.head.has_body() ? Clock::now() : request.head_at;
   phase_ = Phase::kHandling;
   auto on_request = std::move(on_request_);
   on_request_ = nullptr;
@@ -235,7 +235,7 @@ bool Connection::on_peer_closed() {
   switch (phase_) {
     case Phase::kHead:
       if (in_.empty()) return false;  // a client ending its connection between requests
-      return refuse(api::bad_request("the connection ended before the request head was complete"));
+      return refuse(api::bad_request("the connection ended before the request header was complete"));
     case Phase::kBody: {
       const std::string got =
           chunked_ ? "the chunked body ended before its last chunk"
@@ -336,8 +336,8 @@ bool Connection::on_tick(Clock::time_point now) {
     case Phase::kHead:
       if (!head_started_) return now - phase_since_ < limits_.keep_alive;
       if (now - phase_since_ < limits_.timeout) return true;
-      host_.log_refusal(peer_, nullptr, 408, "request head stalled");
-      return refuse(api::request_timeout("the request head did not arrive within " +
+      host_.log_refusal(peer_, nullptr, 408, "request header stalled");
+      return refuse(api::request_timeout("the request header did not arrive within " +
                                          seconds_of(limits_.timeout) + " (server.timeout)"));
     case Phase::kBody:
       if (now - last_progress_ < limits_.timeout) return true;

@@ -538,7 +538,7 @@ class SmugglingTest(FrontDoorCase):
         closed, extra = conn.read_until_closed(2)
         return daemon, engine, first, closed, extra
 
-    def assert_refused(self, payload, status=400, code="bad_request"):
+    def assert_refused(self, payload, status=400, code="bad_request", type_=None):
         daemon, engine, first, closed, extra = self.attempt(payload)
         names = self.engine_calls(daemon, engine)
         self.assertNotIn("set_weight_version", names,
@@ -546,7 +546,7 @@ class SmugglingTest(FrontDoorCase):
                          f"{extra[:200]!r})")
         self.assertEqual(names, [], f"the ambiguous request reached the engine ({first!r})")
         self.assert_weight_info(daemon)
-        self.assert_closing_error(first, status, code)
+        self.assert_closing_error(first, status, code, type_=type_)
         self.assertEqual(extra, b"", "a second response on the connection")
         self.assertTrue(closed, "the connection stayed open after ambiguous framing")
 
@@ -569,7 +569,7 @@ class SmugglingTest(FrontDoorCase):
         self.assert_refused(SMUGGLING["chunk_overlong"])
 
     def test_a_coding_other_than_chunked_is_501(self):
-        self.assert_refused(TE_GZIP_CHUNKED, 501, "not_implemented")
+        self.assert_refused(TE_GZIP_CHUNKED, 501, "not_implemented", type_="invalid_request_error")
 
     def test_chunked_not_last_is_400(self):
         self.assert_refused(TE_CHUNKED_GZIP)

@@ -109,7 +109,7 @@ class JournaldLoggingTest(harness.DaemonTestCase):
             self.assertRegex(line, r"^<[0-7]>\S")
             self.assertNotRegex(line, r"^<\d>\d{4}-\d\d-\d\dT")
         self.assertTrue(any(line.startswith("<4>dev mode is on") for line in lines), lines)
-        self.assertTrue(any(line.startswith("<6>GET /version 200") for line in lines), lines)
+        self.assertTrue(any(line.startswith("<6>127.0.0.1 GET /version 200") for line in lines), lines)
 
     def test_timestamps_elsewhere(self):
         daemon = self.start_daemon(["--dev-mode"])
