@@ -54,6 +54,7 @@ int hex_value(char c) {
 // The path with %XX escapes decoded, as vLLM's server matches routes ("/weight%5Finfo"); a
 // malformed escape is kept as it is (and matches no route).
 std::string decoded_path(std::string_view path) {
+  if (path.find('%') == std::string_view::npos) return std::string(path);
   std::string decoded;
   decoded.reserve(path.size());
   for (std::size_t i = 0; i < path.size(); ++i) {
@@ -78,12 +79,11 @@ std::string peer_text(const std::optional<util::IpAddress>& peer) {
 
 }  // namespace
 
-// What the router learned from a request's head, carried to its answer.
+// What the router learned from an accepted request's head, carried to its answer. The route
+// matched its method and path exactly, so the table's strings name them.
 struct RouteMatch {
   const api::Route* route = nullptr;
-  std::string path;   // decoded
   std::string query;  // raw, after '?'
-  std::string method;
   std::optional<util::IpAddress> peer;
 };
 
@@ -93,54 +93,51 @@ class Router {
   void set_server(const http::Server* server) { server_ = server; }
 
   http::Decision decide(const http::RequestHead& head, const std::optional<util::IpAddress>& peer) {
-    auto match = std::make_shared<RouteMatch>();
     const std::string_view target = origin_form(head.target);
     const std::size_t question = target.find('?');
-    match->path = decoded_path(target.substr(0, question));
-    match->query = question == std::string_view::npos ? "" : std::string(target.substr(question + 1));
-    match->method = std::string(head.method);
-    match->peer = peer;
-    match->route = api::find_route(match->path);
-    const api::Route* route = match->route;
+    const std::string path = decoded_path(target.substr(0, question));
+    const api::Route* route = api::find_route(path);
     const std::shared_ptr<const Policy> policy = context_.policy();
+    const auto refuse = [&](const api::ApiError& error, http::Headers headers = {}) {
+      http::Decision decision;
+      decision.refusal = http::error_response(error);
+      decision.refusal->headers = std::move(headers);
+      record(peer, head.method, path, error.status, 0, 0);
+      return decision;
+    };
 
     const bool health = route != nullptr && route->operation == api::Operation::kHealth;
     if (!health && !policy->allowlist.empty() &&
         (!peer || !util::any_contains(policy->allowlist, *peer))) {
-      return refuse(*match, api::forbidden("client address " + peer_text(peer) + " is not allowed"));
+      return refuse(api::forbidden("client address " + peer_text(peer) + " is not allowed"));
     }
     if (route == nullptr || (route->dev_only && !context_.dev_mode)) {
-      return refuse(*match, api::not_found());
+      return refuse(api::not_found());
     }
     if (head.method != route->method) {
-      return refuse(*match, api::method_not_allowed(), {{"Allow", std::string(route->method)}});
+      return refuse(api::method_not_allowed(), {{"Allow", std::string(route->method)}});
     }
     if (!health && !policy->api_keys.empty() &&
-        !authorized(head.field("authorization"), policy->api_keys)) {
-      return refuse(*match, api::unauthorized("missing or invalid API key"),
-                    {{"WWW-Authenticate", "Bearer"}});
+        !authorized(head.field(http::KnownField::kAuthorization), policy->api_keys)) {
+      return refuse(api::unauthorized("missing or invalid API key"), {{"WWW-Authenticate", "Bearer"}});
     }
-    const bool to_executor = head.content_length > kInlineBodyBytes || head.framing == http::BodyFraming::kChunked;
+    const bool to_executor = head.content_length > kInlineBodyBytes ||
+                             head.framing == http::BodyFraming::kChunked;
     if (to_executor && context_.executor != nullptr &&
         static_cast<int>(context_.executor->queued()) >= context_.max_queued) {
-      return refuse(*match, api::server_busy("too many requests waiting (server.max_queued)"));
+      return refuse(api::server_busy("too many requests waiting (server.max_queued)"));
     }
     http::Decision decision;
     decision.body_limit = static_cast<std::uint64_t>(policy->max_body_bytes);
+    auto match = std::make_shared<RouteMatch>();
+    match->route = route;
+    if (question != std::string_view::npos) match->query = std::string(target.substr(question + 1));
+    match->peer = peer;
     decision.on_request = [this, match](http::ExchangePtr exchange) { serve(match, std::move(exchange)); };
     return decision;
   }
 
  private:
-  http::Decision refuse(const RouteMatch& match, const api::ApiError& error,
-                        http::Headers headers = {}) {
-    http::Decision decision;
-    decision.refusal = http::error_response(error);
-    decision.refusal->headers = std::move(headers);
-    record(match, error.status, 0, 0);
-    return decision;
-  }
-
   void serve(const std::shared_ptr<RouteMatch>& match, http::ExchangePtr exchange) {
     const api::Route& route = *match->route;
     if (route.operation == api::Operation::kMetrics) return answer(*match, *exchange, metrics());
@@ -184,15 +181,15 @@ class Router {
     }
     const int status = response.status;
     exchange.respond(std::move(response));
-    record(match, status, total, engine);
+    record(match.peer, match.route->method, match.route->path, status, total, engine);
   }
 
   // The access-log line and the request counter, for every request.
-  void record(const RouteMatch& match, int status, double total_ms, double engine_ms) const {
-    if (context_.metrics != nullptr) context_.metrics->count_request(match.path, status);
+  void record(const std::optional<util::IpAddress>& peer, std::string_view method,
+              std::string_view path, int status, double total_ms, double engine_ms) const {
+    if (context_.metrics != nullptr) context_.metrics->count_request(path, status);
     if (!log::enabled(log::Level::kInfo)) return;
-    log::info(peer_text(match.peer), " ", log::escaped(match.method), " ",
-              log::escaped(match.path), " ", status, " ",
+    log::info(peer_text(peer), " ", log::escaped(method), " ", log::escaped(path), " ", status, " ",
               static_cast<long long>(total_ms * 1000) / 1000.0, "ms engine=",
               static_cast<long long>(engine_ms * 1000) / 1000.0, "ms");
   }

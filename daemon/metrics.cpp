@@ -30,9 +30,11 @@ void Metrics::observe_operation(std::string_view operation, double seconds) {
 
 void Metrics::count_request(std::string_view route, int status) {
   // Only table routes get their own label: arbitrary paths must not grow the series set.
-  const std::string label = api::find_route(route) != nullptr ? std::string(route) : "other";
+  const api::Route* found = api::find_route(route);
+  const std::size_t index =
+      found != nullptr ? static_cast<std::size_t>(found - api::kRoutes.data()) : api::kRoutes.size();
   std::lock_guard lock(mutex_);
-  ++requests_[{label, status}];
+  ++requests_[{index, status}];
 }
 
 std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
@@ -64,7 +66,9 @@ std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
   out << "# HELP vllmd_http_requests_total HTTP requests answered, by route and status.\n"
       << "# TYPE vllmd_http_requests_total counter\n";
   for (const auto& [key, count] : requests_) {
-    out << "vllmd_http_requests_total{route=\"" << key.first << "\",status=\"" << key.second
+    const std::string_view route =
+        key.first < api::kRoutes.size() ? api::kRoutes[key.first].path : std::string_view("other");
+    out << "vllmd_http_requests_total{route=\"" << route << "\",status=\"" << key.second
         << "\"} " << count << "\n";
   }
 

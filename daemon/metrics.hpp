@@ -44,7 +44,8 @@ class Metrics {
   };
   mutable std::mutex mutex_;
   std::map<std::string, Histogram, std::less<>> operations_;
-  std::map<std::pair<std::string, int>, std::uint64_t> requests_;
+  // By route (an index into api::kRoutes; kRoutes.size() for any other path) and status.
+  std::map<std::pair<std::size_t, int>, std::uint64_t> requests_;
 };
 
 }  // namespace vllmd::daemon

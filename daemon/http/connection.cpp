@@ -57,14 +57,17 @@ bool Connection::on_readable() {
                          phase_ == Phase::kDiscard || phase_ == Phase::kLinger;
     if (!reading || peer_closed_) break;
     IoResult result;
+    std::size_t asked = 0;
     const bool into_body = phase_ == Phase::kBody && !chunked_ && in_.empty();
     if (into_body) {
       std::string& body = request_->body;
-      result = transport_->read(body.data() + body_received_, body.size() - body_received_);
+      asked = body.size() - body_received_;
+      result = transport_->read(body.data() + body_received_, asked);
       if (result.status == Status::kOk) body_received_ += result.bytes;
     } else {
       std::string& scratch = host_.read_buffer();
-      result = transport_->read(scratch.data(), scratch.size());
+      asked = scratch.size();
+      result = transport_->read(scratch.data(), asked);
       if (result.status == Status::kOk) {
         if (phase_ == Phase::kLinger) {
           lingered_bytes_ += result.bytes;
@@ -92,6 +95,9 @@ bool Connection::on_readable() {
     }
     last_progress_ = Clock::now();
     if (!process()) return false;
+    // A short read drained the socket: the next bytes will be announced (level-triggered),
+    // so asking again now would only cost a read that finds nothing.
+    if (result.bytes < asked && !transport_->pending()) break;
   }
   return peer_closed_ ? on_peer_closed() : true;
 }

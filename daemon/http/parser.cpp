@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 
 namespace vllmd::daemon::http {
 
@@ -42,17 +43,44 @@ std::string_view trim(std::string_view text) {
   return text;
 }
 
+// Which known field a name is, if any: by length first, so most names cost one compare.
+std::optional<KnownField> classify(std::string_view name) {
+  switch (name.size()) {
+    case 4: return same_text(name, "host") ? std::optional(KnownField::kHost) : std::nullopt;
+    case 6: return same_text(name, "expect") ? std::optional(KnownField::kExpect) : std::nullopt;
+    case 10:
+      return same_text(name, "connection") ? std::optional(KnownField::kConnection) : std::nullopt;
+    case 13:
+      return same_text(name, "authorization") ? std::optional(KnownField::kAuthorization)
+                                              : std::nullopt;
+    case 14:
+      return same_text(name, "content-length") ? std::optional(KnownField::kContentLength)
+                                               : std::nullopt;
+    case 17:
+      return same_text(name, "transfer-encoding") ? std::optional(KnownField::kTransferEncoding)
+                                                  : std::nullopt;
+    default: return std::nullopt;
+  }
+}
+
 tl::unexpected<ParseError> refuse(int status, std::string message) {
   return tl::unexpected(ParseError{status, std::move(message)});
 }
 
 // A field value may hold visible bytes, spaces, tabs and obs-text, never NUL, CR, LF or
 // other controls: those are how fields get split differently by different parsers.
+constexpr std::array<bool, 256> kValueChars = [] {
+  std::array<bool, 256> table{};
+  for (int c = 0x20; c < 0x100; ++c) table[c] = c != 0x7f;
+  table['\t'] = true;
+  return table;
+}();
+
 bool is_field_value(std::string_view value) {
-  return std::all_of(value.begin(), value.end(), [](char c) {
-    const auto byte = static_cast<unsigned char>(c);
-    return byte == '\t' || byte == ' ' || (byte > 0x20 && byte != 0x7f);
-  });
+  for (const char c : value) {
+    if (!kValueChars[static_cast<unsigned char>(c)]) return false;
+  }
+  return true;
 }
 
 // One field line without its CRLF: name ":" OWS value OWS.
@@ -121,10 +149,10 @@ tl::expected<void, ParseError> parse_request_line(std::string_view line, Request
 }
 
 tl::expected<void, ParseError> parse_content_length(RequestHead& head) {
-  const std::size_t lengths = head.count("content-length");
+  const std::size_t lengths = head.count(KnownField::kContentLength);
   if (lengths == 0) return {};
   if (lengths > 1) return refuse(400, "several Content-Length headers");
-  const std::string_view text = head.field("content-length");
+  const std::string_view text = head.field(KnownField::kContentLength);
   const bool digits = !text.empty() && text.size() <= 18 &&
                       std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
   if (!digits) return refuse(400, "Content-Length '" + std::string(text) + "' is not a length");
@@ -136,13 +164,13 @@ tl::expected<void, ParseError> parse_content_length(RequestHead& head) {
 }
 
 tl::expected<void, ParseError> parse_transfer_encoding(RequestHead& head) {
+  if (head.count(KnownField::kTransferEncoding) == 0) return {};
   std::vector<std::string_view> codings;
   for (const Field& field : head.fields) {
     if (!same_text(field.name, "transfer-encoding")) continue;
     for (const std::string_view coding : list_elements(field.value)) codings.push_back(coding);
   }
-  if (head.count("transfer-encoding") == 0) return {};
-  if (head.count("content-length") > 0) {
+  if (head.count(KnownField::kContentLength) > 0) {
     return refuse(400, "Content-Length together with Transfer-Encoding");
   }
   if (head.minor_version == 0) return refuse(400, "Transfer-Encoding in an HTTP/1.0 request");
@@ -158,10 +186,11 @@ tl::expected<void, ParseError> parse_transfer_encoding(RequestHead& head) {
 }
 
 tl::expected<void, ParseError> parse_connection_facts(RequestHead& head) {
-  const std::size_t hosts = head.count("host");
+  const std::size_t hosts = head.count(KnownField::kHost);
   if (hosts > 1) return refuse(400, "several Host headers");
   if (hosts == 0 && head.minor_version == 1) return refuse(400, "HTTP/1.1 request without Host");
   head.keep_alive = head.minor_version == 1;
+  if (head.count(KnownField::kConnection) == 0) return {};
   for (const Field& field : head.fields) {
     if (!same_text(field.name, "connection")) continue;
     for (const std::string_view option : list_elements(field.value)) {
@@ -176,9 +205,9 @@ tl::expected<void, ParseError> parse_connection_facts(RequestHead& head) {
 }
 
 tl::expected<void, ParseError> parse_expect(RequestHead& head) {
-  if (head.count("expect") == 0) return {};
-  const std::string_view expectation = head.field("expect");
-  if (head.count("expect") > 1 || !same_text(expectation, "100-continue")) {
+  if (head.count(KnownField::kExpect) == 0) return {};
+  const std::string_view expectation = head.field(KnownField::kExpect);
+  if (head.count(KnownField::kExpect) > 1 || !same_text(expectation, "100-continue")) {
     return refuse(417, "Expect: " + std::string(expectation) + " is not supported");
   }
   head.expect_continue = head.minor_version == 1;
@@ -194,9 +223,9 @@ std::string_view RequestHead::field(std::string_view name) const {
   return {};
 }
 
-std::size_t RequestHead::count(std::string_view name) const {
-  return static_cast<std::size_t>(std::count_if(
-      fields.begin(), fields.end(), [&](const Field& entry) { return same_text(entry.name, name); }));
+std::string_view RequestHead::field(KnownField name) const {
+  const auto index = static_cast<std::size_t>(name);
+  return known_count[index] == 0 ? std::string_view() : fields[known_first[index]].value;
 }
 
 std::size_t find_head_end(std::string_view bytes, std::size_t from) {
@@ -211,6 +240,7 @@ std::size_t find_head_end(std::string_view bytes, std::size_t from) {
 
 tl::expected<RequestHead, ParseError> parse_head(std::string_view head) {
   RequestHead parsed;
+  parsed.fields.reserve(16);
   std::size_t at = skip_empty_lines(head);
   bool request_line = true;
   for (;;) {
@@ -225,13 +255,16 @@ tl::expected<RequestHead, ParseError> parse_head(std::string_view head) {
       continue;
     }
     if (line.empty()) break;
-    if (line.find('\r') != std::string_view::npos) {
-      return refuse(400, "a header line holds a bare CR");
-    }
-    auto field = parse_field(line);
+    auto field = parse_field(line);  // a bare CR is a control byte: refused there
     if (!field) return tl::unexpected(field.error());
     if (parsed.fields.size() == kMaxFields) {
       return refuse(431, "more than " + std::to_string(kMaxFields) + " header fields");
+    }
+    if (const auto known = classify(field->name)) {
+      const auto index = static_cast<std::size_t>(*known);
+      if (parsed.known_count[index]++ == 0) {
+        parsed.known_first[index] = static_cast<std::uint8_t>(parsed.fields.size());
+      }
     }
     parsed.fields.push_back(*field);
   }

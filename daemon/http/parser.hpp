@@ -6,6 +6,7 @@
 // than chunked, obs-fold, bare LF, NUL/CR in fields, versions other than 1.0 and 1.1.
 // Nothing here touches a socket: bytes in, a parsed head or body bytes out (and fuzzed so).
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -28,6 +29,10 @@ struct Field {
 
 enum class BodyFraming { kNone, kLength, kChunked };
 
+// The fields whose meaning the server needs, recognized once while parsing.
+enum class KnownField { kHost, kContentLength, kTransferEncoding, kConnection, kExpect,
+                        kAuthorization, kCount };
+
 struct RequestHead {
   std::string_view method;
   std::string_view target;  // as sent: origin form ("/path?query") or absolute form
@@ -41,8 +46,15 @@ struct RequestHead {
 
   // The first value of a field (names compare case-insensitively), or empty.
   std::string_view field(std::string_view name) const;
+  std::string_view field(KnownField name) const;
   // How many fields have this name.
-  std::size_t count(std::string_view name) const;
+  std::size_t count(KnownField name) const {
+    return known_count[static_cast<std::size_t>(name)];
+  }
+
+  // Per known field: how many, and the first one's index in `fields`.
+  std::array<std::uint8_t, static_cast<std::size_t>(KnownField::kCount)> known_count{};
+  std::array<std::uint8_t, static_cast<std::size_t>(KnownField::kCount)> known_first{};
   bool has_body() const { return framing != BodyFraming::kNone; }
 };
 

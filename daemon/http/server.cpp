@@ -211,6 +211,11 @@ struct Server::Impl final : ConnectionHost {
 
   // The loop thread's.
   std::unordered_map<std::uint64_t, Slot> slots;
+  // Connections whose epoll interest may have changed this round: applied once at its end,
+  // so a request answered within the round costs no epoll_ctl at all.
+  std::vector<std::uint64_t> touched;
+  std::vector<Mailbox::Delivery> deliveries;  // drained, reused round after round
+  std::vector<std::function<void()>> tasks;
   std::uint64_t next_id = 2;
   bool listening = true;
   bool accept_paused = false;
@@ -251,6 +256,7 @@ struct Server::Impl final : ConnectionHost {
   void on_event(std::uint64_t id, std::uint32_t events);
   template <typename Step> void step(std::uint64_t id, Step&& action);
   void drain_mailbox();
+  void apply_interest();
   void tick(Clock::time_point now);
   void stop_listening();
 };
@@ -269,14 +275,23 @@ void Server::Impl::step(std::uint64_t id, Step&& action) {
     --open;
     return;
   }
-  const std::uint32_t wanted = slot.connection->wanted_events();
-  if (wanted != slot.events) {
+  if (slot.connection->wanted_events() != slot.events) touched.push_back(id);
+}
+
+void Server::Impl::apply_interest() {
+  for (const std::uint64_t id : touched) {
+    const auto found = slots.find(id);
+    if (found == slots.end()) continue;
+    Slot& slot = found->second;
+    const std::uint32_t wanted = slot.connection->wanted_events();
+    if (wanted == slot.events) continue;
     epoll_event event{};
     event.events = wanted;
     event.data.u64 = id;
     ::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, slot.connection->fd(), &event);
     slot.events = wanted;
   }
+  touched.clear();
 }
 
 void Server::Impl::run() {
@@ -304,6 +319,7 @@ void Server::Impl::run() {
       tick(now);
       last_tick = now;
     }
+    apply_interest();
   }
 }
 
@@ -323,8 +339,8 @@ void Server::Impl::on_event(std::uint64_t id, std::uint32_t events) {
 
 void Server::Impl::drain_mailbox() {
   for (;;) {
-    std::vector<Mailbox::Delivery> deliveries;
-    std::vector<std::function<void()>> tasks;
+    deliveries.clear();
+    tasks.clear();
     {
       std::lock_guard lock(mailbox->mutex);
       deliveries.swap(mailbox->deliveries);
