@@ -102,7 +102,9 @@ void Executor::work() {
     if (timers_.empty()) {
       ready_.wait(lock);
     } else {
-      ready_.wait_until(lock, timers_.begin()->first);
+      // A copy: wait_until reads it again after waking, when the timer may be gone.
+      const Clock::time_point next = timers_.begin()->first;
+      ready_.wait_until(lock, next);
     }
   }
 }

@@ -19,6 +19,9 @@ using Status = IoResult::Status;
 constexpr int kReadRounds = 64;  // reads per readiness event, so one client cannot hog the loop
 constexpr auto kLinger = std::chrono::seconds(2);
 constexpr std::size_t kMaxLingerBytes = 1 << 20;
+// A client that sends requests without reading the answers gets no more served once this
+// much is waiting to go out to it: it costs bounded memory and loop time.
+constexpr std::size_t kMaxUnsent = 256 * 1024;
 
 std::string seconds_of(Clock::duration duration) {
   return seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(duration));
@@ -39,11 +42,14 @@ Connection::~Connection() {
   ::close(fd_);
 }
 
+bool Connection::reading() const {
+  if (phase_ == Phase::kHead) return out_.size() - out_sent_ <= kMaxUnsent;
+  return phase_ == Phase::kBody || phase_ == Phase::kDiscard || phase_ == Phase::kLinger;
+}
+
 std::uint32_t Connection::wanted_events() const {
   std::uint32_t events = 0;
-  const bool reading = phase_ == Phase::kHead || phase_ == Phase::kBody ||
-                       phase_ == Phase::kDiscard || phase_ == Phase::kLinger;
-  if (reading && !peer_closed_) events |= EPOLLIN | EPOLLRDHUP;
+  if (reading() && !peer_closed_) events |= EPOLLIN | EPOLLRDHUP;
   if (out_sent_ < out_.size() || wants_write_) events |= EPOLLOUT;
   return events;
 }
@@ -53,9 +59,7 @@ std::uint32_t Connection::wanted_events() const {
 
 bool Connection::on_readable() {
   for (int round = 0; round < kReadRounds || transport_->pending(); ++round) {
-    const bool reading = phase_ == Phase::kHead || phase_ == Phase::kBody ||
-                         phase_ == Phase::kDiscard || phase_ == Phase::kLinger;
-    if (!reading || peer_closed_) break;
+    if (!reading() || peer_closed_) break;
     IoResult result;
     std::size_t asked = 0;
     const bool into_body = phase_ == Phase::kBody && !chunked_ && in_.empty();
@@ -107,7 +111,7 @@ bool Connection::process() {
   for (;;) {
     switch (phase_) {
       case Phase::kHead: {
-        if (in_.empty()) return true;
+        if (in_.empty() || !reading()) return true;  // answers pile up: wait for the client
         if (!head_started_) {
           head_started_ = true;
           phase_since_ = Clock::now();  // from the first byte, the whole head gets `timeout`
@@ -298,12 +302,14 @@ bool Connection::deliver(std::string bytes, bool last, bool close) {
 }
 
 bool Connection::on_writable() {
+  const bool was_reading = reading();
   if (!flush()) return false;
   if (wants_write_) {  // a TLS read was waiting for the socket to become writable
     wants_write_ = false;
     return on_readable();
   }
-  return true;
+  // The client read its answers: serve what it sent meanwhile.
+  return was_reading || !reading() || process();
 }
 
 bool Connection::flush() {
@@ -340,6 +346,8 @@ void Connection::start_linger() {
 bool Connection::on_tick(Clock::time_point now) {
   switch (phase_) {
     case Phase::kHead:
+      // An answer still going out: the client is reading it, or stalls (like a write).
+      if (out_sent_ < out_.size()) return now - last_progress_ < limits_.timeout;
       if (!head_started_) return now - phase_since_ < limits_.keep_alive;
       if (now - phase_since_ < limits_.timeout) return true;
       host_.log_refusal(peer_, nullptr, 408, "request header stalled");

@@ -66,6 +66,7 @@ class Connection {
     kLinger,    // written and shut down: dropping what the client still sends, then close
   };
 
+  bool reading() const;  // whether bytes from the client are wanted now
   bool process();
   bool on_head(std::size_t end);
   bool on_body_bytes();
