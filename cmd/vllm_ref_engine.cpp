@@ -125,9 +125,11 @@ void define_flags(CLI::App& app, Flags& flags) {
       ->type_name("METHOD")
       ->allow_extra_args(false)
       ->group(faults);
-  app.add_option("--reply-fields", options.faults.reply_fields, "EngineCoreOutputs length: 5 or 8")
+  app.add_option("--reply-fields", options.faults.reply_fields,
+                 "EngineCoreOutputs length: 8 (as msgspec writes it) or 5")
       ->type_name("5|8")
       ->check(CLI::IsMember({5, 8}))
+      ->capture_default_str()
       ->group(faults);
   app.add_flag("--empty-registration", options.faults.empty_registration,
                "Send an empty registration frame, as older engines do")

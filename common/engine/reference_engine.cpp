@@ -288,14 +288,14 @@ class Session {
     stray.call_id.bits += 7919;
     stray.value_msgpack = std::string("\xc0", 1);
     const std::string frames[] = {
-        std::string(),                                     // empty
-        std::string("\xc1", 1),                            // a byte msgpack never uses
-        std::string("\x95\x00\x01", 3),                     // truncated array
-        "this is not msgpack at all",                      // text
-        std::string(4096, '\x91'),                         // deep nesting, no leaf
-        std::string("\xdd\xff\xff\xff\xff", 5),             // array claiming 4G elements
-        std::string("\x95\xa1x\xa1y\xc0\xc0\xc0", 8),        // outputs of the wrong types
-        wire::encode_engine_core_outputs(options_.rank, stray, now_seconds(), 5),
+        std::string(),                                 // empty
+        std::string("\xc1", 1),                        // a byte msgpack never uses
+        std::string("\x95\x00\x01", 3),                // truncated array
+        "this is not msgpack at all",                  // text
+        std::string(4096, '\x91'),                     // deep nesting, no leaf
+        std::string("\xdd\xff\xff\xff\xff", 5),        // array claiming 4G elements
+        std::string("\x95\xa1x\xa1y\xc0\xc0\xc0", 8),  // outputs of the wrong types
+        wire::encode_engine_core_outputs(options_.rank, stray, now_seconds(), faults_.reply_fields),
     };
     for (const std::string& frame : frames) send(output_, frame);
   }

@@ -29,7 +29,7 @@ struct Faults {
   std::set<std::string> exit_silently;                       // exit without replying
   std::set<std::string> send_dead;                           // send ENGINE_CORE_DEAD, then exit
   std::set<std::string> garbage;  // send malformed output frames first, then the real reply
-  int reply_fields = 5;             // EngineCoreOutputs length; 8 is the other form in the wild
+  int reply_fields = 8;  // EngineCoreOutputs length: 8 as msgspec writes it; 5 as older peers
   bool empty_registration = false;  // behave like an older engine
   bool ready_before_registration = false;
 };

@@ -93,8 +93,9 @@ struct UtilityOutput {
 };
 
 // EngineCoreOutputs as a positional array of `fields` (>= 5) entries; only a utility reply.
+// 8 is what msgspec writes for current engines: array_like structs carry every field.
 std::string encode_engine_core_outputs(std::int64_t engine_index, const UtilityOutput& output,
-                                       double timestamp, int fields = 5);
+                                       double timestamp, int fields = 8);
 
 struct EngineCoreOutputs {
   std::int64_t engine_index = 0;

@@ -255,16 +255,15 @@ TEST_CASE("a timed-out lifecycle call marks the engine dead until it answers aga
   CHECK(no_call_pending(*client));
 }
 
-TEST_CASE("an older engine: empty registration, READY before registration, 8-field replies") {
+TEST_CASE("an older engine: empty registration, READY before registration, 5-field replies") {
   vllmd::engine::ClientOptions options;
   options.handshake_address = "ipc:///tmp/vllmd-test-" + std::to_string(::getpid()) + "-hs";
   auto created = EngineClient::create(options);
   REQUIRE_MESSAGE(created, (created ? "" : created.error()));
   auto& client = *created;
   CHECK(client->input_endpoint() == options.handshake_address + ".input");
-  ChildProcess engine({VLLM_REF_ENGINE_PATH, "--handshake", client->handshake_endpoint(),
-                       "--rank", "0", "--empty-registration", "--ready-first",
-                       "--reply-fields", "8"});
+  ChildProcess engine({VLLM_REF_ENGINE_PATH, "--handshake", client->handshake_endpoint(), "--rank",
+                       "0", "--empty-registration", "--ready-first", "--reply-fields", "5"});
   REQUIRE(client->wait_all_ready(20s));
   CHECK(client->engines()[0].registration.empty);
   const auto reply = client->call(0, "get_weight_version", args("[]"), kQuick);

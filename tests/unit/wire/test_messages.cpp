@@ -288,7 +288,7 @@ TEST_CASE("EngineCoreOutputs vectors encode byte for byte") {
   CHECK(to_hex(encode_engine_core_outputs(0, ok_output(id(1), from_hex("91c0")), kTimestamp, 5)) ==
         kReplyTp1Fields5);
   CHECK(to_hex(encode_engine_core_outputs(0, ok_output(id(1), from_hex("91c0")), kTimestamp)) ==
-        kReplyTp1Fields5);  // 5 fields by default
+        kReplyTp1Fields8);  // 8 fields by default, as msgspec writes them
   CHECK(to_hex(encode_engine_core_outputs(0, ok_output(id(4), from_hex("92c0c0")), kTimestamp,
                                           8)) == kReplyTp2);
   CHECK(to_hex(encode_engine_core_outputs(0, ok_output(id(2), from_hex("c0")), kTimestamp, 8)) ==
@@ -400,7 +400,12 @@ TEST_CASE("EngineCoreOutputs call ids keep their signedness") {
   for (const Case& c : cases) {
     CAPTURE(c.id_hex);
     const std::string frame = encode_engine_core_outputs(0, ok_output(c.call_id, "\xc0"), 1.0);
-    CHECK(to_hex(frame) == "950090c0cb3ff0000000000000" "93" + std::string(c.id_hex) + "c092c0c0");
+    CHECK(to_hex(frame) ==
+          "980090c0cb3ff0000000000000"
+          "93" +
+              std::string(c.id_hex) +
+              "c092c0c0"
+              "c0c0c0");
     const EngineCoreOutputs outputs = decode_ok(frame);
     REQUIRE(outputs.utility_output.has_value());
     CHECK(outputs.utility_output->call_id == c.call_id);
@@ -978,7 +983,9 @@ TEST_CASE("floats keep their type through the codecs") {
                                            {1234.5, "cb40934a0000000000"}}) {
       CAPTURE(c.hex);
       const std::string frame = encode_engine_core_outputs(0, ok_output(id(1), "\xc0"), c.timestamp);
-      CHECK(to_hex(frame) == "950090c0" + std::string(c.hex) + "9301c092c0c0");
+      CHECK(to_hex(frame) == "980090c0" + std::string(c.hex) +
+                                 "9301c092c0c0"
+                                 "c0c0c0");
     }
   }
   SUBCASE("encode_object") {
