@@ -76,6 +76,9 @@ void define_flags(CLI::App& app, Flags& flags) {
       ->type_name("BACKEND")
       ->check(CLI::IsMember({"nccl", "ipc", "none"}))
       ->capture_default_str();
+  app.add_flag("!--no-insecure-serialization", options.insecure_serialization,
+               "Refuse pickled IPC handles, as vLLM does without "
+               "VLLM_ALLOW_INSECURE_SERIALIZATION=1");
   app.add_option("--vllm-version", options.vllm_version, "vllm_version in the registration")
       ->type_name("STR")
       ->capture_default_str();

@@ -97,9 +97,11 @@ bool parse_backend(std::string_view text, Backend& backend) {
   return false;
 }
 
-ReferenceCore::ReferenceCore(int dp_rank, int tensor_parallel_size, Backend backend)
+ReferenceCore::ReferenceCore(int dp_rank, int tensor_parallel_size, Backend backend,
+                             bool insecure_serialization)
     : dp_rank_(dp_rank),
       backend_(backend),
+      insecure_serialization_(insecure_serialization),
       workers_(static_cast<std::size_t>(std::max(1, tensor_parallel_size))) {}
 
 tl::expected<std::string, std::string> ReferenceCore::call(std::string_view method,
@@ -142,9 +144,9 @@ tl::expected<std::string, std::string> ReferenceCore::call(std::string_view meth
     std::optional<std::string> first_error;
     const int tp = static_cast<int>(workers_.size());
     for (int rank = 0; rank < tp; ++rank) {
-      auto status =
-          detail::run_worker_method(workers_[static_cast<std::size_t>(rank)], dp_rank_ * tp + rank,
-                                    backend_, worker_method, positional, kwargs);
+      const detail::WorkerContext context{dp_rank_ * tp + rank, backend_, insecure_serialization_};
+      auto status = detail::run_worker_method(workers_[static_cast<std::size_t>(rank)], context,
+                                              worker_method, positional, kwargs);
       if (!status && !first_error) first_error = status.error();
     }
     if (first_error) return fail(*first_error);

@@ -28,7 +28,10 @@ struct WorkerState {
 
 class ReferenceCore {
  public:
-  ReferenceCore(int dp_rank, int tensor_parallel_size, Backend backend);
+  // `insecure_serialization` stands for VLLM_ALLOW_INSECURE_SERIALIZATION=1, which IPC over
+  // HTTP (pickled handles) needs.
+  ReferenceCore(int dp_rank, int tensor_parallel_size, Backend backend,
+                bool insecure_serialization = true);
 
   // Runs one engine-core method. The value is msgpack (nil for a Python None; a list with
   // one entry per TP worker for collective_rpc). The error is the exception text only; the
@@ -43,6 +46,7 @@ class ReferenceCore {
  private:
   int dp_rank_;
   Backend backend_;
+  bool insecure_serialization_;
   std::vector<WorkerState> workers_;
   std::string weight_version_ = "default";
   bool paused_ = false;

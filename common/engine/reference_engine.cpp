@@ -94,7 +94,8 @@ class Session {
         faults_(options.faults),
         stop_requested_(stop_requested),
         sleep_(std::move(sleep)),
-        core_(options.rank, options.tensor_parallel_size, options.backend),
+        core_(options.rank, options.tensor_parallel_size, options.backend,
+              options.insecure_serialization),
         prefix_("reference engine " + std::to_string(options.rank) + ": ") {}
 
   Outcome run() {

@@ -47,6 +47,7 @@ struct ReferenceEngineOptions {
   int tensor_parallel_size = 1;
   int data_parallel_size = 1;
   Backend backend = Backend::kNccl;
+  bool insecure_serialization = true;  // as with VLLM_ALLOW_INSECURE_SERIALIZATION=1
   std::string vllm_version = "0.0.0+reference";
   Faults faults;
   std::function<void(const ReceivedCall&)> on_call;  // called before the call is handled

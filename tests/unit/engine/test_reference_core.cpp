@@ -203,41 +203,87 @@ TEST_SUITE("reference_core") {
     CHECK_FALSE(core.workers()[1].update_active);
   }
 
-  TEST_CASE("IPC accepts an empty init_info and needs handles and sizes") {
+  TEST_CASE("IPC update_info is checked like IPCWeightTransferUpdateInfo(**update_info)") {
     ReferenceCore core(0, 1, Backend::kIpc);
     CHECK(rpc(core, "init_weight_transfer_engine", R"({"init_info":{"master_port":1}})") ==
           error("IPCWeightTransferInitInfo.__init__() got an unexpected keyword argument "
                 "'master_port'"));
-    // No init needed for IPC updates.
-    REQUIRE(rpc(core, "start_weight_update") == "[null]");
+    // No init needed for IPC updates. Each failure ends the session; start a new one.
+    const auto update = [&](std::string_view info_json) {
+      REQUIRE(rpc(core, "start_weight_update") == "[null]");
+      return rpc(core, "update_weights", "{\"update_info\":" + std::string(info_json) + "}");
+    };
+    const std::string invalid = "Invalid update_info for IPCWeightTransferEngine: ";
+    // Building the dataclass: TypeErrors, which parse_update_info turns into ValueErrors.
+    CHECK(update(R"({"names":["a"]})") ==
+          error(invalid +
+                "IPCWeightTransferUpdateInfo.__init__() missing 2 required positional arguments: "
+                "'dtype_names' and 'shapes'"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],"packed":true})") ==
+          error(invalid +
+                "IPCWeightTransferUpdateInfo.__init__() got an unexpected keyword argument "
+                "'packed'"));
+    CHECK(update(R"("x")") ==
+          error(invalid +
+                "vllm.distributed.weight_transfer.ipc_engine.IPCWeightTransferUpdateInfo() "
+                "argument after ** must be a mapping, not str"));
+    CHECK(update(R"({"names":1,"dtype_names":["f"],"shapes":[[1]],"ipc_handles":[{}]})") ==
+          error(invalid + "object of type 'int' has no len()"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
+                 R"("ipc_handles_pickled":["x"]})") ==
+          error(invalid + "argument should be a bytes-like object or ASCII string, not 'list'"));
+    // __post_init__: its ValueErrors as they are.
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]]})") ==
+          error("Either `ipc_handles` or `ipc_handles_pickled` must be provided"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],"ipc_handles":null,)"
+                 R"("ipc_handles_pickled":null})") ==
+          error("Either `ipc_handles` or `ipc_handles_pickled` must be provided"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],"ipc_handles":[{}],)"
+                 R"("ipc_handles_pickled":"gASV"})") ==
+          error("Cannot specify both `ipc_handles` and `ipc_handles_pickled`"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
+                 R"("ipc_handles_pickled":"gAé"})") ==
+          error("string argument should contain only ASCII characters"));
+    CHECK(update(R"({"names":["a","b"],"dtype_names":["f"],"shapes":[[1],[2]],)"
+                 R"("ipc_handles_pickled":"gASV"})") ==
+          error("`dtype_names` should be of the same size as `names`: got 1 and 2"));
+    CHECK(update(R"({"names":"ab","dtype_names":["f","f"],"shapes":[[1]],)"
+                 R"("ipc_handles_pickled":"gASV"})") ==
+          error("`shapes` should be of the same size as `names`: got 1 and 2"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],"ipc_handles":[{},{}]})") ==
+          error("`ipc_handles` should be of the same size as `names`: got 2 and 1"));
+    // receive_weights, unpacked: `assert isinstance(update_info.ipc_handles, list)`.
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],"ipc_handles":{"g":[]}})") ==
+          error(""));
+    CHECK_FALSE(core.workers()[0].update_active);
+    CHECK(core.workers()[0].tensors_received == 0);
+
+    // Accepted: pickled handles (HTTP) or direct ones (Ray); tensor_sizes optional.
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
+                 R"("ipc_handles_pickled":"gASV","tensor_sizes":[4]})") == "[null]");
     CHECK(rpc(core, "update_weights",
-              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]]}})") ==
-          error("IPCWeightTransferUpdateInfo.__init__() missing 2 required positional "
-                "arguments: 'ipc_handles_pickled' and 'tensor_sizes'"));
-    REQUIRE(rpc(core, "start_weight_update") == "[null]");
+              R"({"update_info":{"names":["a","b"],"dtype_names":["f","f"],)"
+              R"("shapes":[[1],[2]],"ipc_handles":[{"gpu":[]},{"gpu":[]}]}})") == "[null]");
     CHECK(rpc(core, "update_weights",
-              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
-              R"("ipc_handles_pickled":["x"],"tensor_sizes":[4]}})") ==
-          error("ipc_handles_pickled must be a str, not list"));
-    REQUIRE(rpc(core, "start_weight_update") == "[null]");
-    CHECK(rpc(core, "update_weights",
-              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
-              R"("ipc_handles_pickled":"gASV","tensor_sizes":[4,5]}})") ==
-          error("names, dtype_names, shapes and tensor_sizes must have the same length, got 1, "
-                "1, 1 and 2"));
-    REQUIRE(rpc(core, "start_weight_update") == "[null]");
-    CHECK(rpc(core, "update_weights",
-              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
-              R"("ipc_handles_pickled":"gASV","tensor_sizes":[4]}})") == "[null]");
-    CHECK(rpc(core, "init_weight_transfer_engine", R"({"init_info":{}})") == "[null]");
-    // Newer trainers say whether they pack, and send tensor_sizes None when unpacked.
-    CHECK(rpc(core, "init_weight_transfer_engine", R"({"init_info":{"packed":false}})") ==
-          "[null]");
-    CHECK(rpc(core, "update_weights",
-              R"({"update_info":{"names":["a","b"],"dtype_names":["f","f"],"shapes":[[1],[2]],)"
+              R"({"update_info":{"names":["c"],"dtype_names":["f"],"shapes":[[1]],)"
               R"("ipc_handles_pickled":"gASV","tensor_sizes":null}})") == "[null]");
     CHECK(rpc(core, "finish_weight_update") == "[null]");
-    CHECK(core.workers()[0].tensors_received == 3);
+    CHECK(core.workers()[0].tensors_received == 4);
+    CHECK(rpc(core, "init_weight_transfer_engine", R"({"init_info":{}})") == "[null]");
+  }
+
+  TEST_CASE("without VLLM_ALLOW_INSECURE_SERIALIZATION pickled IPC handles are refused") {
+    ReferenceCore core(0, 1, Backend::kIpc, false);
+    REQUIRE(rpc(core, "start_weight_update") == "[null]");
+    CHECK(rpc(core, "update_weights",
+              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
+              R"("ipc_handles_pickled":"gASV"}})") ==
+          error("Refusing to deserialize `ipc_handles_pickled` without "
+                "VLLM_ALLOW_INSECURE_SERIALIZATION=1"));
+    REQUIRE(rpc(core, "start_weight_update") == "[null]");
+    CHECK(rpc(core, "update_weights",
+              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
+              R"("ipc_handles":[{}]}})") == "[null]");
   }
 
   TEST_CASE("without a weight transfer backend every worker method fails") {
