@@ -57,6 +57,11 @@ bool parse_delay(const std::string& text, std::string& method, std::chrono::mill
   return true;
 }
 
+void add_parallel_size(CLI::App& app, const std::string& name, int& size,
+                       const std::string& help) {
+  app.add_option(name, size, help)->type_name("N")->check(CLI::Range(1, 1024));
+}
+
 void define_flags(CLI::App& app, Flags& flags) {
   ReferenceEngineOptions& options = flags.options;
   app.add_option("--handshake", options.handshake_address,
@@ -66,9 +71,10 @@ void define_flags(CLI::App& app, Flags& flags) {
   app.add_option("--rank", options.rank, "Data-parallel rank (engine identity)")
       ->type_name("R")
       ->check(CLI::Range(0, 65535));
-  app.add_option("--tp", options.tensor_parallel_size, "Tensor-parallel size (workers)")
-      ->type_name("N")
-      ->check(CLI::Range(1, 1024));
+  add_parallel_size(app, "--tp", options.tensor_parallel_size, "Tensor-parallel size");
+  add_parallel_size(app, "--pp", options.pipeline_parallel_size, "Pipeline-parallel size");
+  add_parallel_size(app, "--pcp", options.prefill_context_parallel_size,
+                    "Prefill-context-parallel size (workers per engine: PP x TP x PCP)");
   app.add_option("--dp", options.data_parallel_size, "Data-parallel size")
       ->type_name("N")
       ->check(CLI::Range(1, 65536));

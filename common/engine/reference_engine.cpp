@@ -77,6 +77,11 @@ std::string first_string(std::string_view args) {
   return {};
 }
 
+ParallelSizes parallel_sizes(const ReferenceEngineOptions& options) {
+  return {options.rank, options.data_parallel_size, options.tensor_parallel_size,
+          options.pipeline_parallel_size, options.prefill_context_parallel_size};
+}
+
 // A fault set or map entry for the call: its worker method first, then its engine method.
 template <typename Container>
 auto find_fault(const Container& faults, const ReceivedCall& call) {
@@ -94,11 +99,14 @@ class Session {
         faults_(options.faults),
         stop_requested_(stop_requested),
         sleep_(std::move(sleep)),
-        core_(options.rank, options.tensor_parallel_size, options.backend,
-              options.insecure_serialization),
+        core_(parallel_sizes(options), options.backend, options.insecure_serialization),
         prefix_("reference engine " + std::to_string(options.rank) + ": ") {}
 
   Outcome run() {
+    // ParallelConfig's own validation (vllm/config/parallel.py): such an engine never starts.
+    if (options_.prefill_context_parallel_size > 1 && options_.data_parallel_size > 1) {
+      throw std::runtime_error("PCP does not support data parallelism yet.");
+    }
     if (!handshake()) return Outcome::kStopped;
     return serve();
   }
@@ -156,10 +164,12 @@ class Session {
   wire::Registration registration() const {
     wire::Registration registration;
     registration.empty = false;
-    registration.world_size = options_.tensor_parallel_size;
-    registration.data_parallel_size = options_.data_parallel_size;
+    registration.world_size = core_.sizes().world_size();
+    // Dense ranks are independent: run_engine_core collapses their DP size to 1.
+    registration.data_parallel_size = 1;
     registration.tensor_parallel_size = options_.tensor_parallel_size;
-    registration.pipeline_parallel_size = 1;
+    registration.pipeline_parallel_size = options_.pipeline_parallel_size;
+    registration.decode_context_parallel_size = 1;
     registration.data_parallel_rank = options_.rank;
     registration.vllm_version = options_.vllm_version;
     if (options_.backend != Backend::kNone) {
@@ -270,7 +280,10 @@ class Session {
     wire::UtilityOutput output;
     output.call_id = request->call_id;
     if (auto fail = find_fault(faults_.fail, call); fail != faults_.fail.end()) {
-      output.failure_message = failure_prefix + "injected failure in " + *fail;
+      // A worker method's failure stands for the workers raising: it reads like theirs.
+      const std::string error = "injected failure in " + *fail;
+      output.failure_message =
+          failure_prefix + (*fail == call.worker_method ? core_.worker_error(error) : error);
     } else if (auto result = core_.call(call.method, call.args_msgpack)) {
       output.value_msgpack = std::move(*result);
     } else {

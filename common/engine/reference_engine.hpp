@@ -45,7 +45,9 @@ struct ReferenceEngineOptions {
   std::string handshake_address;  // tcp://host:port or ipc:///path
   int rank = 0;                   // DP rank; identity = rank as 2 little-endian bytes
   int tensor_parallel_size = 1;
-  int data_parallel_size = 1;
+  int pipeline_parallel_size = 1;
+  int prefill_context_parallel_size = 1;
+  int data_parallel_size = 1;  // dense ranks are independent and report DP size 1
   Backend backend = Backend::kNccl;
   bool insecure_serialization = true;  // as with VLLM_ALLOW_INSECURE_SERIALIZATION=1
   std::string vllm_version = "0.0.0+reference";

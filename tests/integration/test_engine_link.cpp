@@ -96,7 +96,7 @@ TEST_CASE("DP=2 TP=2: handshake, fanned-out lifecycle, failures, death and resta
     for (const auto& engine : client->engines()) {
       CHECK(engine.state == EngineState::kReady);
       CHECK(engine.registration.world_size == 2);
-      CHECK(engine.registration.data_parallel_size == 2);
+      CHECK(engine.registration.data_parallel_size == 1);  // dense ranks: DP collapsed to 1
       CHECK(engine.registration.data_parallel_rank == engine.rank);
       CHECK(engine.registration.weight_transfer_backend == "nccl");
       CHECK(engine.registration.vllm_version.has_value());
@@ -126,15 +126,17 @@ TEST_CASE("DP=2 TP=2: handshake, fanned-out lifecycle, failures, death and resta
     expect_all_ok(client->call_all("set_weight_version", args(R"(["step-1"])"), kQuick), "null");
     expect_all_ok(client->call_all("get_weight_version", args("[]"), kQuick), R"("step-1")");
 
-    // The engine's own state machine error comes back as the engine's failure message.
+    // The engine's own state machine error comes back as the engine's failure message, as
+    // TP=2 workers raise it through MultiprocExecutor.
     const auto replies = client->call_all(
         "collective_rpc", args(R"(["finish_weight_update",null,[],{}])"), kQuick);
     for (const EngineReply& reply : replies) {
       REQUIRE_FALSE(reply.value);
       CHECK(reply.value.error().kind == CallErrorKind::kFailed);
       CHECK(reply.value.error().message ==
-            "Call to collective_rpc method failed: finish_weight_update called without a "
-            "matching start_weight_update.");
+            "Call to collective_rpc method failed: Worker failed with error "
+            "'finish_weight_update called without a matching start_weight_update.', please "
+            "check the stack trace above for the root cause");
     }
   }
 

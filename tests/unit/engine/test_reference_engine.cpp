@@ -31,9 +31,10 @@ TEST_SUITE("reference_engine") {
     REQUIRE(registration);
     CHECK_FALSE(registration->empty);
     CHECK(registration->world_size == 2);
-    CHECK(registration->data_parallel_size == 2);
+    CHECK(registration->data_parallel_size == 1);  // a dense rank: DP collapsed to 1
     CHECK(registration->tensor_parallel_size == 2);
     CHECK(registration->pipeline_parallel_size == 1);
+    CHECK(registration->decode_context_parallel_size == 1);
     CHECK(registration->data_parallel_rank == 1);
     CHECK(registration->vllm_version == "0.99.0");
     CHECK(registration->weight_transfer_backend == "nccl");
@@ -61,8 +62,9 @@ TEST_SUITE("reference_engine") {
     auto again = frontend.reply();
     REQUIRE(again.failure_message);
     CHECK(*again.failure_message ==
-          "Call to collective_rpc method failed: start_weight_update called while a weight "
-          "update is already active. Call finish_weight_update first.");
+          "Call to collective_rpc method failed: Worker failed with error 'start_weight_update "
+          "called while a weight update is already active. Call finish_weight_update first.', "
+          "please check the stack trace above for the root cause");
 
     frontend.call(6, "no_such_method", "[]");
     auto unknown = frontend.reply();
