@@ -34,12 +34,17 @@ struct Flags {
   std::string backend = "nccl";
   std::vector<std::string> fail;
   std::vector<std::string> delay;  // METHOD=SECONDS
+  double dp_group_timeout = 30;    // seconds
   std::vector<std::string> exit_silently;
   std::vector<std::string> garbage;
   std::vector<std::string> send_dead;
   std::string record;
   std::string log_level = "info";
 };
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
+}
 
 // Splits METHOD=SECONDS; false when malformed.
 bool parse_delay(const std::string& text, std::string& method, std::chrono::milliseconds& delay) {
@@ -53,7 +58,7 @@ bool parse_delay(const std::string& text, std::string& method, std::chrono::mill
     return false;
   }
   method = text.substr(0, equals);
-  delay = std::chrono::milliseconds(std::llround(seconds * 1000));
+  delay = millis(seconds);
   return true;
 }
 
@@ -78,6 +83,13 @@ void define_flags(CLI::App& app, Flags& flags) {
   app.add_option("--dp", options.data_parallel_size, "Data-parallel size")
       ->type_name("N")
       ->check(CLI::Range(1, 65536));
+  app.add_flag("--coordinated-dp", options.coordinated_dp,
+               "Coordinated (MoE) DP: form the DP group at INIT's DP master before READY");
+  app.add_option("--dp-group-timeout", flags.dp_group_timeout,
+                 "How long the DP group may take to form, in seconds")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   app.add_option("--backend", flags.backend, "Weight transfer backend")
       ->type_name("BACKEND")
       ->check(CLI::IsMember({"nccl", "ipc", "none"}))
@@ -98,7 +110,8 @@ void define_flags(CLI::App& app, Flags& flags) {
           },
           ""))
       ->capture_default_str();
-  app.add_option("--record", flags.record, "Append one JSON line per received call to FILE")
+  app.add_option("--record", flags.record,
+                 "Append one JSON line per received call (and the DP group) to FILE")
       ->type_name("FILE");
 
   const std::string faults = "Fault injection";
@@ -148,8 +161,8 @@ void define_flags(CLI::App& app, Flags& flags) {
       ->group(faults);
 }
 
-// Appends each received call to a file as one JSON line, flushed at once so a test can read
-// it while the engine runs (and after it was killed).
+// Appends each received call to a file as one JSON line (and the DP group, once formed),
+// flushed at once so a test can read it while the engine runs (and after it was killed).
 class Recorder {
  public:
   explicit Recorder(std::FILE* file) : file_(file) {}
@@ -174,12 +187,30 @@ class Recorder {
       line.push_back(kHex[byte & 0xf]);
     }
     line += "\"}\n";
+    append(line);
+  }
+
+  // The DP group as this rank formed it: one line of its own, before any call.
+  void write(const vllmd::engine::DpGroup& group) {
+    std::string ports;
+    for (std::int64_t port : group.master.port_list) {
+      ports += (ports.empty() ? "" : ",") + std::to_string(port);
+    }
+    append("{\"dp_group\":{\"rank\":" + std::to_string(group.rank) +
+           ",\"size\":" + std::to_string(group.size) +
+           ",\"master_ip\":" + vllmd::wire::json_string(group.master.ip) +
+           ",\"master_port\":" + std::to_string(group.master.port) + ",\"port_list\":[" + ports +
+           "],\"group_port\":" + std::to_string(group.group_port) +
+           ",\"master_from_init\":" + (group.master_from_init ? "true" : "false") + "}}\n");
+  }
+
+ private:
+  void append(const std::string& line) {
     std::lock_guard lock(mutex_);
     std::fwrite(line.data(), 1, line.size(), file_);
     std::fflush(file_);
   }
 
- private:
   std::mutex mutex_;
   std::FILE* file_;
 };
@@ -195,6 +226,7 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   options.faults.exit_silently.insert(flags.exit_silently.begin(), flags.exit_silently.end());
   options.faults.send_dead.insert(flags.send_dead.begin(), flags.send_dead.end());
   options.faults.garbage.insert(flags.garbage.begin(), flags.garbage.end());
+  options.dp_group_timeout = millis(flags.dp_group_timeout);
   for (const std::string& text : flags.delay) {
     std::string method;
     std::chrono::milliseconds delay{};
@@ -209,6 +241,9 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
     }
     recorder = std::make_unique<Recorder>(file);
     options.on_call = [raw = recorder.get()](const ReceivedCall& call) { raw->write(call); };
+    options.on_dp_group = [raw = recorder.get()](const vllmd::engine::DpGroup& group) {
+      raw->write(group);
+    };
   }
   // "Exit" in a fault means the process dies, as a crashing vLLM engine would.
   options.on_fault_exit = [] {

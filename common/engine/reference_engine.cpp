@@ -100,6 +100,7 @@ class Session {
         stop_requested_(stop_requested),
         sleep_(std::move(sleep)),
         core_(parallel_sizes(options), options.backend, options.insecure_serialization),
+        data_parallel_size_(options.data_parallel_size),
         prefix_("reference engine " + std::to_string(options.rank) + ": ") {}
 
   Outcome run() {
@@ -161,12 +162,15 @@ class Session {
     return std::nullopt;
   }
 
+  // vLLM's DPEngineCoreProc (MoE with DP > 1); dense ranks run as plain EngineCoreProcs.
+  bool coordinated() const { return options_.coordinated_dp && options_.data_parallel_size > 1; }
+
   wire::Registration registration() const {
     wire::Registration registration;
     registration.empty = false;
     registration.world_size = core_.sizes().world_size();
     // Dense ranks are independent: run_engine_core collapses their DP size to 1.
-    registration.data_parallel_size = 1;
+    registration.data_parallel_size = coordinated() ? data_parallel_size_ : 1;
     registration.tensor_parallel_size = options_.tensor_parallel_size;
     registration.pipeline_parallel_size = options_.pipeline_parallel_size;
     registration.decode_context_parallel_size = 1;
@@ -196,6 +200,11 @@ class Session {
       log::warning(prefix_, "INIT lists ", init->inputs.size(),
                    " input/output pairs; using only the first");
     }
+    // vLLM forms the DP group right after INIT, before it loads the model.
+    if (coordinated() &&
+        !form_dp_group(wire::decode_init_data_parallel_master(view(frames->front())))) {
+      return false;
+    }
     input_ = open(zmq::socket_type::dealer, init->inputs.front());
     output_ = open(zmq::socket_type::push, init->outputs.front());
 
@@ -210,6 +219,37 @@ class Session {
     handshake_.set(zmq::sockopt::linger, kFlushLingerMs);
     handshake_.close();
     log::info(prefix_, "ready; inputs ", init->inputs.front(), ", outputs ", init->outputs.front());
+    return true;
+  }
+
+  // The DP master comes from INIT; without one the engine keeps its own, as a headless vLLM
+  // does (and its group never forms). False when stopped; throws when the group cannot form.
+  bool form_dp_group(const std::optional<wire::DataParallelMaster>& from_init) {
+    DpGroupRequest request;
+    request.rank = options_.rank;
+    request.timeout = options_.dp_group_timeout;
+    if (from_init) {
+      request.master = *from_init;
+    } else {
+      auto own = own_data_parallel_master(options_.handshake_address, options_.data_parallel_size);
+      if (!own) throw std::runtime_error(own.error());
+      request.master = std::move(*own);
+    }
+    request.size = static_cast<int>(request.master.data_parallel_size);
+    data_parallel_size_ = request.size;
+    log::info(prefix_, "forming the DP group of ", request.size, " ranks; DP master ",
+              request.master.ip, ":", request.master.port,
+              from_init ? " from INIT" : " of its own (INIT names none)");
+    auto group = engine::form_dp_group(request, stop_requested_);
+    if (!group) {
+      if (stopping()) return false;
+      throw std::runtime_error("EngineCore failed to start: " + group.error());
+    }
+    group->master_from_init = from_init.has_value();
+    log::info(prefix_, "DP group formed at ", group->master.ip, ":", group->group_port,
+              " (DP master ", group->master.ip, ":", group->master.port, ", ",
+              group->master_from_init ? "from INIT" : "its own", ")");
+    if (options_.on_dp_group) options_.on_dp_group(*group);
     return true;
   }
 
@@ -319,6 +359,7 @@ class Session {
   const std::atomic<bool>& stop_requested_;
   std::function<bool(std::chrono::milliseconds)> sleep_;
   ReferenceCore core_;
+  int data_parallel_size_;  // the engine's, or INIT's for coordinated DP
   std::string prefix_;
   // The context outlives the sockets: members are destroyed in reverse order.
   zmq::context_t context_;
