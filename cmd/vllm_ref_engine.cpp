@@ -34,6 +34,7 @@ struct Flags {
   std::string backend = "nccl";
   std::vector<std::string> fail;
   std::vector<std::string> delay;  // METHOD=SECONDS
+  std::vector<std::string> hold;   // METHOD=SECONDS
   double dp_group_timeout = 30;    // seconds
   std::vector<std::string> exit_silently;
   std::vector<std::string> garbage;
@@ -47,7 +48,8 @@ std::chrono::milliseconds millis(double seconds) {
 }
 
 // Splits METHOD=SECONDS; false when malformed.
-bool parse_delay(const std::string& text, std::string& method, std::chrono::milliseconds& delay) {
+bool parse_method_seconds(const std::string& text, std::string& method,
+                          std::chrono::milliseconds& duration) {
   const std::size_t equals = text.rfind('=');
   if (equals == std::string::npos || equals == 0) return false;
   const std::string seconds_text = text.substr(equals + 1);
@@ -58,8 +60,30 @@ bool parse_delay(const std::string& text, std::string& method, std::chrono::mill
     return false;
   }
   method = text.substr(0, equals);
-  delay = millis(seconds);
+  duration = millis(seconds);
   return true;
+}
+
+CLI::Validator method_seconds() {
+  return CLI::Validator(
+      [](std::string& text) {
+        std::string method;
+        std::chrono::milliseconds duration;
+        return parse_method_seconds(text, method, duration)
+                   ? std::string()
+                   : "expected METHOD=SECONDS, got '" + text + "'";
+      },
+      "");
+}
+
+void add_method_seconds(std::map<std::string, std::chrono::milliseconds>& faults,
+                        const std::vector<std::string>& texts) {
+  for (const std::string& text : texts) {
+    std::string method;
+    std::chrono::milliseconds duration{};
+    parse_method_seconds(text, method, duration);  // validated by the flag's check
+    faults[method] = duration;
+  }
 }
 
 void add_parallel_size(CLI::App& app, const std::string& name, int& size,
@@ -121,14 +145,14 @@ void define_flags(CLI::App& app, Flags& flags) {
       ->group(faults);
   app.add_option("--inject-delay", flags.delay,
                  "Block the engine for SECONDS before serving METHOD: METHOD=SECONDS (repeatable)")
-      ->check(CLI::Validator(
-          [](std::string& text) {
-            std::string method;
-            std::chrono::milliseconds delay;
-            return parse_delay(text, method, delay) ? std::string()
-                                                    : "expected METHOD=SECONDS, got '" + text + "'";
-          },
-          ""))
+      ->check(method_seconds())
+      ->type_name("METHOD=SECONDS")
+      ->allow_extra_args(false)
+      ->group(faults);
+  app.add_option("--inject-hold", flags.hold,
+                 "Answer METHOD SECONDS after it arrived, serving other calls meanwhile: "
+                 "METHOD=SECONDS (repeatable)")
+      ->check(method_seconds())
       ->type_name("METHOD=SECONDS")
       ->allow_extra_args(false)
       ->group(faults);
@@ -226,13 +250,9 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   options.faults.exit_silently.insert(flags.exit_silently.begin(), flags.exit_silently.end());
   options.faults.send_dead.insert(flags.send_dead.begin(), flags.send_dead.end());
   options.faults.garbage.insert(flags.garbage.begin(), flags.garbage.end());
+  add_method_seconds(options.faults.delay, flags.delay);
+  add_method_seconds(options.faults.hold, flags.hold);
   options.dp_group_timeout = millis(flags.dp_group_timeout);
-  for (const std::string& text : flags.delay) {
-    std::string method;
-    std::chrono::milliseconds delay{};
-    parse_delay(text, method, delay);  // validated by the flag's check
-    options.faults.delay[method] = delay;
-  }
   if (!flags.record.empty()) {
     std::FILE* file = std::fopen(flags.record.c_str(), "a");
     if (file == nullptr) {

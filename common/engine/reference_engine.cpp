@@ -9,6 +9,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "common/engine/held_replies.hpp"
 #include "common/util/log.hpp"
 #include "common/wire/messages.hpp"
 
@@ -118,6 +119,10 @@ class Session {
   zmq::socket_t open(zmq::socket_type type, const std::string& address) {
     zmq::socket_t socket(context_, type);
     socket.set(zmq::sockopt::linger, 0);
+    // vLLM's make_zmq_socket: no high-water mark, so thousands of calls or held replies
+    // queue up instead of being dropped or blocking.
+    socket.set(zmq::sockopt::rcvhwm, 0);
+    socket.set(zmq::sockopt::sndhwm, 0);
     if (type == zmq::socket_type::dealer) {
       socket.set(zmq::sockopt::routing_id, wire::engine_identity(options_.rank));
     }
@@ -253,9 +258,14 @@ class Session {
     return true;
   }
 
+  void send_due_replies() {
+    for (const std::string& frame : held_.take_due(Clock::now())) send(output_, frame);
+  }
+
   Outcome serve() {
     while (!stopping()) {
-      auto frames = receive(input_, std::nullopt);
+      send_due_replies();
+      auto frames = receive(input_, held_.next_due());
       if (!frames) continue;
       if (frames->size() < 2 || (*frames)[0].size() != 1) {
         log::warning(prefix_, "ignoring a malformed request message of ", frames->size(),
@@ -275,6 +285,7 @@ class Session {
 
   // Serves one UTILITY call; an outcome when the session must end.
   std::optional<Outcome> handle(std::string_view payload) {
+    const auto received_at = Clock::now();
     auto request = wire::decode_utility_request(payload);
     if (!request) {
       log::warning(prefix_, "ignoring a malformed UTILITY request: ", request.error());
@@ -330,8 +341,15 @@ class Session {
       output.failure_message = failure_prefix + result.error();
     }
     if (output.failure_message) log::info(prefix_, *output.failure_message);
-    send(output_, wire::encode_engine_core_outputs(options_.rank, output, now_seconds(),
-                                                   faults_.reply_fields));
+    std::string frame = wire::encode_engine_core_outputs(options_.rank, output, now_seconds(),
+                                                         faults_.reply_fields);
+    if (auto hold = find_fault(faults_.hold, call); hold != faults_.hold.end()) {
+      log::debug(prefix_, "injected hold: answering ", hold->first, " in ", hold->second.count(),
+                 " ms");
+      held_.hold(received_at + hold->second, std::move(frame));
+    } else {
+      send(output_, frame);
+    }
     return std::nullopt;
   }
 
@@ -361,6 +379,7 @@ class Session {
   ReferenceCore core_;
   int data_parallel_size_;  // the engine's, or INIT's for coordinated DP
   std::string prefix_;
+  HeldReplies held_;
   // The context outlives the sockets: members are destroyed in reverse order.
   zmq::context_t context_;
   zmq::socket_t handshake_;

@@ -28,6 +28,7 @@ namespace vllmd::engine {
 struct Faults {
   std::set<std::string> fail;                                // reply with a failure
   std::map<std::string, std::chrono::milliseconds> delay;    // block the engine first
+  std::map<std::string, std::chrono::milliseconds> hold;     // reply late, serving others
   std::set<std::string> exit_silently;                       // exit without replying
   std::set<std::string> send_dead;                           // send ENGINE_CORE_DEAD, then exit
   std::set<std::string> garbage;  // send malformed output frames first, then the real reply

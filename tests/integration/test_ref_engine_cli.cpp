@@ -1,5 +1,5 @@
 // vllm-ref-engine processes driven by a raw ZeroMQ frontend: the flags for coordinated DP
-// (the DP group, its --record line, the startup failure without a master).
+// (the DP group, its --record line, the startup failure without a master) and --inject-hold.
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -90,4 +90,16 @@ TEST_CASE("coordinated DP engines without a DP master in INIT exit at startup") 
     CHECK(read_file(record_path(rank)).empty());
     ::unlink(record_path(rank).c_str());
   }
+}
+
+TEST_CASE("--inject-hold answers late without blocking the engine") {
+  Frontend frontend;
+  ChildProcess engine = start_engine(frontend, {"--inject-hold", "pause_scheduler=0.5"});
+  frontend.connect();
+  const auto sent = std::chrono::steady_clock::now();
+  frontend.call(1, "pause_scheduler", R"(["wait",false])");
+  frontend.call(2, "is_scheduler_paused", "[]");
+  CHECK(frontend.reply().call_id == wire::CallId{2, false});
+  CHECK(frontend.reply().call_id == wire::CallId{1, false});
+  CHECK(std::chrono::steady_clock::now() - sent >= 500ms);
 }
