@@ -34,6 +34,8 @@ struct Flags {
   std::string backend = "nccl";
   std::vector<std::string> fail;
   std::vector<std::string> delay;  // METHOD=SECONDS
+  std::vector<std::string> hold;   // METHOD=SECONDS
+  double dp_group_timeout = 30;    // seconds
   std::vector<std::string> exit_silently;
   std::vector<std::string> garbage;
   std::vector<std::string> send_dead;
@@ -41,8 +43,13 @@ struct Flags {
   std::string log_level = "info";
 };
 
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
+}
+
 // Splits METHOD=SECONDS; false when malformed.
-bool parse_delay(const std::string& text, std::string& method, std::chrono::milliseconds& delay) {
+bool parse_method_seconds(const std::string& text, std::string& method,
+                          std::chrono::milliseconds& duration) {
   const std::size_t equals = text.rfind('=');
   if (equals == std::string::npos || equals == 0) return false;
   const std::string seconds_text = text.substr(equals + 1);
@@ -53,8 +60,35 @@ bool parse_delay(const std::string& text, std::string& method, std::chrono::mill
     return false;
   }
   method = text.substr(0, equals);
-  delay = std::chrono::milliseconds(std::llround(seconds * 1000));
+  duration = millis(seconds);
   return true;
+}
+
+CLI::Validator method_seconds() {
+  return CLI::Validator(
+      [](std::string& text) {
+        std::string method;
+        std::chrono::milliseconds duration;
+        return parse_method_seconds(text, method, duration)
+                   ? std::string()
+                   : "expected METHOD=SECONDS, got '" + text + "'";
+      },
+      "");
+}
+
+void add_method_seconds(std::map<std::string, std::chrono::milliseconds>& faults,
+                        const std::vector<std::string>& texts) {
+  for (const std::string& text : texts) {
+    std::string method;
+    std::chrono::milliseconds duration{};
+    parse_method_seconds(text, method, duration);  // validated by the flag's check
+    faults[method] = duration;
+  }
+}
+
+void add_parallel_size(CLI::App& app, const std::string& name, int& size,
+                       const std::string& help) {
+  app.add_option(name, size, help)->type_name("N")->check(CLI::Range(1, 1024));
 }
 
 void define_flags(CLI::App& app, Flags& flags) {
@@ -66,16 +100,27 @@ void define_flags(CLI::App& app, Flags& flags) {
   app.add_option("--rank", options.rank, "Data-parallel rank (engine identity)")
       ->type_name("R")
       ->check(CLI::Range(0, 65535));
-  app.add_option("--tp", options.tensor_parallel_size, "Tensor-parallel size (workers)")
-      ->type_name("N")
-      ->check(CLI::Range(1, 1024));
+  add_parallel_size(app, "--tp", options.tensor_parallel_size, "Tensor-parallel size");
+  add_parallel_size(app, "--pp", options.pipeline_parallel_size, "Pipeline-parallel size");
+  add_parallel_size(app, "--pcp", options.prefill_context_parallel_size,
+                    "Prefill-context-parallel size (workers per engine: PP x TP x PCP)");
   app.add_option("--dp", options.data_parallel_size, "Data-parallel size")
       ->type_name("N")
       ->check(CLI::Range(1, 65536));
+  app.add_flag("--coordinated-dp", options.coordinated_dp,
+               "Coordinated (MoE) DP: form the DP group at INIT's DP master before READY");
+  app.add_option("--dp-group-timeout", flags.dp_group_timeout,
+                 "How long the DP group may take to form, in seconds")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   app.add_option("--backend", flags.backend, "Weight transfer backend")
       ->type_name("BACKEND")
       ->check(CLI::IsMember({"nccl", "ipc", "none"}))
       ->capture_default_str();
+  app.add_flag("!--no-insecure-serialization", options.insecure_serialization,
+               "Refuse pickled IPC handles, as vLLM does without "
+               "VLLM_ALLOW_INSECURE_SERIALIZATION=1");
   app.add_option("--vllm-version", options.vllm_version, "vllm_version in the registration")
       ->type_name("STR")
       ->capture_default_str();
@@ -89,7 +134,8 @@ void define_flags(CLI::App& app, Flags& flags) {
           },
           ""))
       ->capture_default_str();
-  app.add_option("--record", flags.record, "Append one JSON line per received call to FILE")
+  app.add_option("--record", flags.record,
+                 "Append one JSON line per received call (and the DP group) to FILE")
       ->type_name("FILE");
 
   const std::string faults = "Fault injection";
@@ -99,14 +145,14 @@ void define_flags(CLI::App& app, Flags& flags) {
       ->group(faults);
   app.add_option("--inject-delay", flags.delay,
                  "Block the engine for SECONDS before serving METHOD: METHOD=SECONDS (repeatable)")
-      ->check(CLI::Validator(
-          [](std::string& text) {
-            std::string method;
-            std::chrono::milliseconds delay;
-            return parse_delay(text, method, delay) ? std::string()
-                                                    : "expected METHOD=SECONDS, got '" + text + "'";
-          },
-          ""))
+      ->check(method_seconds())
+      ->type_name("METHOD=SECONDS")
+      ->allow_extra_args(false)
+      ->group(faults);
+  app.add_option("--inject-hold", flags.hold,
+                 "Answer METHOD SECONDS after it arrived, serving other calls meanwhile: "
+                 "METHOD=SECONDS (repeatable)")
+      ->check(method_seconds())
       ->type_name("METHOD=SECONDS")
       ->allow_extra_args(false)
       ->group(faults);
@@ -125,9 +171,11 @@ void define_flags(CLI::App& app, Flags& flags) {
       ->type_name("METHOD")
       ->allow_extra_args(false)
       ->group(faults);
-  app.add_option("--reply-fields", options.faults.reply_fields, "EngineCoreOutputs length: 5 or 8")
+  app.add_option("--reply-fields", options.faults.reply_fields,
+                 "EngineCoreOutputs length: 8 (as msgspec writes it) or 5")
       ->type_name("5|8")
       ->check(CLI::IsMember({5, 8}))
+      ->capture_default_str()
       ->group(faults);
   app.add_flag("--empty-registration", options.faults.empty_registration,
                "Send an empty registration frame, as older engines do")
@@ -137,8 +185,8 @@ void define_flags(CLI::App& app, Flags& flags) {
       ->group(faults);
 }
 
-// Appends each received call to a file as one JSON line, flushed at once so a test can read
-// it while the engine runs (and after it was killed).
+// Appends each received call to a file as one JSON line (and the DP group, once formed),
+// flushed at once so a test can read it while the engine runs (and after it was killed).
 class Recorder {
  public:
   explicit Recorder(std::FILE* file) : file_(file) {}
@@ -163,12 +211,30 @@ class Recorder {
       line.push_back(kHex[byte & 0xf]);
     }
     line += "\"}\n";
+    append(line);
+  }
+
+  // The DP group as this rank formed it: one line of its own, before any call.
+  void write(const vllmd::engine::DpGroup& group) {
+    std::string ports;
+    for (std::int64_t port : group.master.port_list) {
+      ports += (ports.empty() ? "" : ",") + std::to_string(port);
+    }
+    append("{\"dp_group\":{\"rank\":" + std::to_string(group.rank) +
+           ",\"size\":" + std::to_string(group.size) +
+           ",\"master_ip\":" + vllmd::wire::json_string(group.master.ip) +
+           ",\"master_port\":" + std::to_string(group.master.port) + ",\"port_list\":[" + ports +
+           "],\"group_port\":" + std::to_string(group.group_port) +
+           ",\"master_from_init\":" + (group.master_from_init ? "true" : "false") + "}}\n");
+  }
+
+ private:
+  void append(const std::string& line) {
     std::lock_guard lock(mutex_);
     std::fwrite(line.data(), 1, line.size(), file_);
     std::fflush(file_);
   }
 
- private:
   std::mutex mutex_;
   std::FILE* file_;
 };
@@ -184,12 +250,9 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   options.faults.exit_silently.insert(flags.exit_silently.begin(), flags.exit_silently.end());
   options.faults.send_dead.insert(flags.send_dead.begin(), flags.send_dead.end());
   options.faults.garbage.insert(flags.garbage.begin(), flags.garbage.end());
-  for (const std::string& text : flags.delay) {
-    std::string method;
-    std::chrono::milliseconds delay{};
-    parse_delay(text, method, delay);  // validated by the flag's check
-    options.faults.delay[method] = delay;
-  }
+  add_method_seconds(options.faults.delay, flags.delay);
+  add_method_seconds(options.faults.hold, flags.hold);
+  options.dp_group_timeout = millis(flags.dp_group_timeout);
   if (!flags.record.empty()) {
     std::FILE* file = std::fopen(flags.record.c_str(), "a");
     if (file == nullptr) {
@@ -198,6 +261,9 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
     }
     recorder = std::make_unique<Recorder>(file);
     options.on_call = [raw = recorder.get()](const ReceivedCall& call) { raw->write(call); };
+    options.on_dp_group = [raw = recorder.get()](const vllmd::engine::DpGroup& group) {
+      raw->write(group);
+    };
   }
   // "Exit" in a fault means the process dies, as a crashing vLLM engine would.
   options.on_fault_exit = [] {

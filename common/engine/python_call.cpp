@@ -110,6 +110,30 @@ std::string_view python_type(const msgpack::object& object) {
   return "object";
 }
 
+std::optional<std::size_t> python_len(const msgpack::object& object) {
+  switch (object.type) {
+    case msgpack::type::STR: {
+      std::size_t code_points = 0;  // UTF-8: count every byte that starts a character
+      for (std::uint32_t i = 0; i < object.via.str.size; ++i) {
+        code_points += (static_cast<unsigned char>(object.via.str.ptr[i]) & 0xc0) != 0x80;
+      }
+      return code_points;
+    }
+    case msgpack::type::BIN:
+      return object.via.bin.size;
+    case msgpack::type::ARRAY:
+      return object.via.array.size;
+    case msgpack::type::MAP:
+      return object.via.map.size;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::string no_len_error(const msgpack::object& object) {
+  return "object of type '" + std::string(python_type(object)) + "' has no len()";
+}
+
 std::string type_error(std::string_view what, std::string_view expected,
                        const msgpack::object& got) {
   return std::string(what) + " must be " + std::string(expected) + ", not " +

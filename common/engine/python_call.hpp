@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <msgpack.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tl/expected.hpp>
@@ -39,6 +40,11 @@ std::string missing_arguments(std::string_view qualname,
 
 // The Python type name a msgpack value decodes to ("NoneType", "int", "list", "dict", ...).
 std::string_view python_type(const msgpack::object& object);
+
+// len() of the Python value a msgpack value decodes to (code points for a str); nullopt where
+// len() raises, with the TypeError text no_len_error() gives.
+std::optional<std::size_t> python_len(const msgpack::object& object);
+std::string no_len_error(const msgpack::object& object);  // "object of type 'int' has no len()"
 
 // "<what> must be <expected>, not <python type of got>".
 std::string type_error(std::string_view what, std::string_view expected,

@@ -97,10 +97,29 @@ bool parse_backend(std::string_view text, Backend& backend) {
   return false;
 }
 
-ReferenceCore::ReferenceCore(int dp_rank, int tensor_parallel_size, Backend backend)
-    : dp_rank_(dp_rank),
+int ParallelSizes::world_size() const {
+  return std::max(1, pipeline_parallel_size) * std::max(1, tensor_parallel_size) *
+         std::max(1, prefill_context_parallel_size);
+}
+
+bool ParallelSizes::multiproc_executor() const {
+  return world_size() * std::max(1, data_parallel_size) > 1;
+}
+
+ReferenceCore::ReferenceCore(const ParallelSizes& sizes, Backend backend,
+                             bool insecure_serialization)
+    : sizes_(sizes),
       backend_(backend),
-      workers_(static_cast<std::size_t>(std::max(1, tensor_parallel_size))) {}
+      insecure_serialization_(insecure_serialization),
+      workers_(static_cast<std::size_t>(sizes.world_size())) {}
+
+std::string ReferenceCore::worker_error(std::string_view error) const {
+  // vllm/v1/executor/multiproc_executor.py: the worker sends str(e), the executor raises this.
+  if (!sizes_.multiproc_executor()) return std::string(error);
+  std::string text = "Worker failed with error '";
+  text.append(error).append("', please check the stack trace above for the root cause");
+  return text;
+}
 
 tl::expected<std::string, std::string> ReferenceCore::call(std::string_view method,
                                                            std::string_view args_msgpack) {
@@ -138,19 +157,21 @@ tl::expected<std::string, std::string> ReferenceCore::call(std::string_view meth
     const std::string_view worker_method(name->via.str.ptr, name->via.str.size);
     const detail::Positional positional =
         worker_args ? detail::positional(*worker_args) : detail::Positional{};
-    // Every worker runs the method (as vLLM's executor broadcasts it); the first failure wins.
+    // Every worker runs the method (as vLLM's executor broadcasts it); the executor reads the
+    // answers in rank order, so the lowest failing rank's error wins.
     std::optional<std::string> first_error;
-    const int tp = static_cast<int>(workers_.size());
-    for (int rank = 0; rank < tp; ++rank) {
-      auto status =
-          detail::run_worker_method(workers_[static_cast<std::size_t>(rank)], dp_rank_ * tp + rank,
-                                    backend_, worker_method, positional, kwargs);
+    const int world_size = static_cast<int>(workers_.size());
+    for (int rank = 0; rank < world_size; ++rank) {
+      const detail::WorkerContext context{sizes_.data_parallel_rank * world_size + rank, backend_,
+                                          insecure_serialization_};
+      auto status = detail::run_worker_method(workers_[static_cast<std::size_t>(rank)], context,
+                                              worker_method, positional, kwargs);
       if (!status && !first_error) first_error = status.error();
     }
-    if (first_error) return fail(*first_error);
+    if (first_error) return fail(worker_error(*first_error));
     return pack([&](wire::Packer& packer) {
-      packer.pack_array(static_cast<std::uint32_t>(tp));
-      for (int rank = 0; rank < tp; ++rank) packer.pack_nil();
+      packer.pack_array(static_cast<std::uint32_t>(world_size));
+      for (int rank = 0; rank < world_size; ++rank) packer.pack_nil();
     });
   }
 

@@ -16,7 +16,23 @@ enum class Backend { kNccl, kIpc, kNone };
 std::string_view backend_name(Backend backend);  // "nccl", "ipc", "none"
 bool parse_backend(std::string_view text, Backend& backend);
 
-// One TP worker's weight-transfer state.
+// The sizes of vLLM's ParallelConfig that shape one engine (vllm/config/parallel.py).
+struct ParallelSizes {
+  int data_parallel_rank = 0;
+  int data_parallel_size = 1;
+  int tensor_parallel_size = 1;
+  int pipeline_parallel_size = 1;
+  int prefill_context_parallel_size = 1;
+
+  // Workers per engine: ParallelConfig.world_size = PP x TP x PCP.
+  int world_size() const;
+  // Whether vLLM runs the workers under MultiprocExecutor: it picks "mp" whenever
+  // world_size_across_dp (world_size x DP, before dense DP is collapsed) exceeds 1, and
+  // UniProcExecutor only for a lone worker.
+  bool multiproc_executor() const;
+};
+
+// One worker's weight-transfer state.
 struct WorkerState {
   bool initialized = false;     // init_weight_transfer_engine succeeded
   bool update_active = false;   // between start_weight_update and finish_weight_update
@@ -28,21 +44,30 @@ struct WorkerState {
 
 class ReferenceCore {
  public:
-  ReferenceCore(int dp_rank, int tensor_parallel_size, Backend backend);
+  // `insecure_serialization` stands for VLLM_ALLOW_INSECURE_SERIALIZATION=1, which IPC over
+  // HTTP (pickled handles) needs.
+  ReferenceCore(const ParallelSizes& sizes, Backend backend, bool insecure_serialization = true);
+  ReferenceCore(int dp_rank, int tensor_parallel_size, Backend backend)
+      : ReferenceCore(ParallelSizes{dp_rank, 1, tensor_parallel_size}, backend) {}
 
   // Runs one engine-core method. The value is msgpack (nil for a Python None; a list with
-  // one entry per TP worker for collective_rpc). The error is the exception text only; the
+  // one entry per worker for collective_rpc). The error is the exception text only; the
   // caller wraps it as "Call to <method> method failed: <error>".
   tl::expected<std::string, std::string> call(std::string_view method,
                                                std::string_view args_msgpack);
 
+  // A worker's exception text as collective_rpc raises it: MultiprocExecutor wraps it.
+  std::string worker_error(std::string_view error) const;
+
+  const ParallelSizes& sizes() const { return sizes_; }
   const std::vector<WorkerState>& workers() const { return workers_; }
   const std::string& weight_version() const { return weight_version_; }
   bool paused() const { return paused_; }
 
  private:
-  int dp_rank_;
+  ParallelSizes sizes_;
   Backend backend_;
+  bool insecure_serialization_;
   std::vector<WorkerState> workers_;
   std::string weight_version_ = "default";
   bool paused_ = false;

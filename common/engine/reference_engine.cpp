@@ -9,6 +9,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "common/engine/held_replies.hpp"
 #include "common/util/log.hpp"
 #include "common/wire/messages.hpp"
 
@@ -77,6 +78,11 @@ std::string first_string(std::string_view args) {
   return {};
 }
 
+ParallelSizes parallel_sizes(const ReferenceEngineOptions& options) {
+  return {options.rank, options.data_parallel_size, options.tensor_parallel_size,
+          options.pipeline_parallel_size, options.prefill_context_parallel_size};
+}
+
 // A fault set or map entry for the call: its worker method first, then its engine method.
 template <typename Container>
 auto find_fault(const Container& faults, const ReceivedCall& call) {
@@ -94,10 +100,15 @@ class Session {
         faults_(options.faults),
         stop_requested_(stop_requested),
         sleep_(std::move(sleep)),
-        core_(options.rank, options.tensor_parallel_size, options.backend),
+        core_(parallel_sizes(options), options.backend, options.insecure_serialization),
+        data_parallel_size_(options.data_parallel_size),
         prefix_("reference engine " + std::to_string(options.rank) + ": ") {}
 
   Outcome run() {
+    // ParallelConfig's own validation (vllm/config/parallel.py): such an engine never starts.
+    if (options_.prefill_context_parallel_size > 1 && options_.data_parallel_size > 1) {
+      throw std::runtime_error("PCP does not support data parallelism yet.");
+    }
     if (!handshake()) return Outcome::kStopped;
     return serve();
   }
@@ -108,6 +119,10 @@ class Session {
   zmq::socket_t open(zmq::socket_type type, const std::string& address) {
     zmq::socket_t socket(context_, type);
     socket.set(zmq::sockopt::linger, 0);
+    // vLLM's make_zmq_socket: no high-water mark, so thousands of calls or held replies
+    // queue up instead of being dropped or blocking.
+    socket.set(zmq::sockopt::rcvhwm, 0);
+    socket.set(zmq::sockopt::sndhwm, 0);
     if (type == zmq::socket_type::dealer) {
       socket.set(zmq::sockopt::routing_id, wire::engine_identity(options_.rank));
     }
@@ -152,13 +167,18 @@ class Session {
     return std::nullopt;
   }
 
+  // vLLM's DPEngineCoreProc (MoE with DP > 1); dense ranks run as plain EngineCoreProcs.
+  bool coordinated() const { return options_.coordinated_dp && options_.data_parallel_size > 1; }
+
   wire::Registration registration() const {
     wire::Registration registration;
     registration.empty = false;
-    registration.world_size = options_.tensor_parallel_size;
-    registration.data_parallel_size = options_.data_parallel_size;
+    registration.world_size = core_.sizes().world_size();
+    // Dense ranks are independent: run_engine_core collapses their DP size to 1.
+    registration.data_parallel_size = coordinated() ? data_parallel_size_ : 1;
     registration.tensor_parallel_size = options_.tensor_parallel_size;
-    registration.pipeline_parallel_size = 1;
+    registration.pipeline_parallel_size = options_.pipeline_parallel_size;
+    registration.decode_context_parallel_size = 1;
     registration.data_parallel_rank = options_.rank;
     registration.vllm_version = options_.vllm_version;
     if (options_.backend != Backend::kNone) {
@@ -185,6 +205,11 @@ class Session {
       log::warning(prefix_, "INIT lists ", init->inputs.size(),
                    " input/output pairs; using only the first");
     }
+    // vLLM forms the DP group right after INIT, before it loads the model.
+    if (coordinated() &&
+        !form_dp_group(wire::decode_init_data_parallel_master(view(frames->front())))) {
+      return false;
+    }
     input_ = open(zmq::socket_type::dealer, init->inputs.front());
     output_ = open(zmq::socket_type::push, init->outputs.front());
 
@@ -202,9 +227,45 @@ class Session {
     return true;
   }
 
+  // The DP master comes from INIT; without one the engine keeps its own, as a headless vLLM
+  // does (and its group never forms). False when stopped; throws when the group cannot form.
+  bool form_dp_group(const std::optional<wire::DataParallelMaster>& from_init) {
+    DpGroupRequest request;
+    request.rank = options_.rank;
+    request.timeout = options_.dp_group_timeout;
+    if (from_init) {
+      request.master = *from_init;
+    } else {
+      auto own = own_data_parallel_master(options_.handshake_address, options_.data_parallel_size);
+      if (!own) throw std::runtime_error(own.error());
+      request.master = std::move(*own);
+    }
+    request.size = static_cast<int>(request.master.data_parallel_size);
+    data_parallel_size_ = request.size;
+    log::info(prefix_, "forming the DP group of ", request.size, " ranks; DP master ",
+              request.master.ip, ":", request.master.port,
+              from_init ? " from INIT" : " of its own (INIT names none)");
+    auto group = engine::form_dp_group(request, stop_requested_);
+    if (!group) {
+      if (stopping()) return false;
+      throw std::runtime_error("EngineCore failed to start: " + group.error());
+    }
+    group->master_from_init = from_init.has_value();
+    log::info(prefix_, "DP group formed at ", group->master.ip, ":", group->group_port,
+              " (DP master ", group->master.ip, ":", group->master.port, ", ",
+              group->master_from_init ? "from INIT" : "its own", ")");
+    if (options_.on_dp_group) options_.on_dp_group(*group);
+    return true;
+  }
+
+  void send_due_replies() {
+    for (const std::string& frame : held_.take_due(Clock::now())) send(output_, frame);
+  }
+
   Outcome serve() {
     while (!stopping()) {
-      auto frames = receive(input_, std::nullopt);
+      send_due_replies();
+      auto frames = receive(input_, held_.next_due());
       if (!frames) continue;
       if (frames->size() < 2 || (*frames)[0].size() != 1) {
         log::warning(prefix_, "ignoring a malformed request message of ", frames->size(),
@@ -224,6 +285,7 @@ class Session {
 
   // Serves one UTILITY call; an outcome when the session must end.
   std::optional<Outcome> handle(std::string_view payload) {
+    const auto received_at = Clock::now();
     auto request = wire::decode_utility_request(payload);
     if (!request) {
       log::warning(prefix_, "ignoring a malformed UTILITY request: ", request.error());
@@ -269,15 +331,25 @@ class Session {
     wire::UtilityOutput output;
     output.call_id = request->call_id;
     if (auto fail = find_fault(faults_.fail, call); fail != faults_.fail.end()) {
-      output.failure_message = failure_prefix + "injected failure in " + *fail;
+      // A worker method's failure stands for the workers raising: it reads like theirs.
+      const std::string error = "injected failure in " + *fail;
+      output.failure_message =
+          failure_prefix + (*fail == call.worker_method ? core_.worker_error(error) : error);
     } else if (auto result = core_.call(call.method, call.args_msgpack)) {
       output.value_msgpack = std::move(*result);
     } else {
       output.failure_message = failure_prefix + result.error();
     }
     if (output.failure_message) log::info(prefix_, *output.failure_message);
-    send(output_, wire::encode_engine_core_outputs(options_.rank, output, now_seconds(),
-                                                   faults_.reply_fields));
+    std::string frame = wire::encode_engine_core_outputs(options_.rank, output, now_seconds(),
+                                                         faults_.reply_fields);
+    if (auto hold = find_fault(faults_.hold, call); hold != faults_.hold.end()) {
+      log::debug(prefix_, "injected hold: answering ", hold->first, " in ", hold->second.count(),
+                 " ms");
+      held_.hold(received_at + hold->second, std::move(frame));
+    } else {
+      send(output_, frame);
+    }
     return std::nullopt;
   }
 
@@ -288,14 +360,14 @@ class Session {
     stray.call_id.bits += 7919;
     stray.value_msgpack = std::string("\xc0", 1);
     const std::string frames[] = {
-        std::string(),                                     // empty
-        std::string("\xc1", 1),                            // a byte msgpack never uses
-        std::string("\x95\x00\x01", 3),                     // truncated array
-        "this is not msgpack at all",                      // text
-        std::string(4096, '\x91'),                         // deep nesting, no leaf
-        std::string("\xdd\xff\xff\xff\xff", 5),             // array claiming 4G elements
-        std::string("\x95\xa1x\xa1y\xc0\xc0\xc0", 8),        // outputs of the wrong types
-        wire::encode_engine_core_outputs(options_.rank, stray, now_seconds(), 5),
+        std::string(),                                 // empty
+        std::string("\xc1", 1),                        // a byte msgpack never uses
+        std::string("\x95\x00\x01", 3),                // truncated array
+        "this is not msgpack at all",                  // text
+        std::string(4096, '\x91'),                     // deep nesting, no leaf
+        std::string("\xdd\xff\xff\xff\xff", 5),        // array claiming 4G elements
+        std::string("\x95\xa1x\xa1y\xc0\xc0\xc0", 8),  // outputs of the wrong types
+        wire::encode_engine_core_outputs(options_.rank, stray, now_seconds(), faults_.reply_fields),
     };
     for (const std::string& frame : frames) send(output_, frame);
   }
@@ -305,7 +377,9 @@ class Session {
   const std::atomic<bool>& stop_requested_;
   std::function<bool(std::chrono::milliseconds)> sleep_;
   ReferenceCore core_;
+  int data_parallel_size_;  // the engine's, or INIT's for coordinated DP
   std::string prefix_;
+  HeldReplies held_;
   // The context outlives the sockets: members are destroyed in reverse order.
   zmq::context_t context_;
   zmq::socket_t handshake_;

@@ -1,8 +1,9 @@
 #pragma once
 // The reference engine: the engine side of the wire protocol around ReferenceCore. It
 // connects to a frontend's handshake address exactly as a headless `vllm serve` does (HELLO,
-// INIT, registration map, READY) and then serves UTILITY calls one at a time, like vLLM's
-// engine-core busy loop (a blocked call blocks the ones behind it).
+// INIT, the DP group for coordinated DP, registration map, READY) and then serves UTILITY
+// calls one at a time, like vLLM's engine-core busy loop (a blocked call blocks the ones
+// behind it).
 //
 // Runs on its own thread; vllmd embeds one in-process, tests and `vllm-ref-engine` run it as a
 // separate process. Fault injection (off by default) lets tests provoke every failure mode.
@@ -18,6 +19,7 @@
 #include <thread>
 
 #include "common/engine/reference_core.hpp"
+#include "common/engine/reference_dp_group.hpp"
 
 namespace vllmd::engine {
 
@@ -26,10 +28,11 @@ namespace vllmd::engine {
 struct Faults {
   std::set<std::string> fail;                                // reply with a failure
   std::map<std::string, std::chrono::milliseconds> delay;    // block the engine first
+  std::map<std::string, std::chrono::milliseconds> hold;     // reply late, serving others
   std::set<std::string> exit_silently;                       // exit without replying
   std::set<std::string> send_dead;                           // send ENGINE_CORE_DEAD, then exit
   std::set<std::string> garbage;  // send malformed output frames first, then the real reply
-  int reply_fields = 5;             // EngineCoreOutputs length; 8 is the other form in the wild
+  int reply_fields = 8;  // EngineCoreOutputs length: 8 as msgspec writes it; 5 as older peers
   bool empty_registration = false;  // behave like an older engine
   bool ready_before_registration = false;
 };
@@ -45,11 +48,19 @@ struct ReferenceEngineOptions {
   std::string handshake_address;  // tcp://host:port or ipc:///path
   int rank = 0;                   // DP rank; identity = rank as 2 little-endian bytes
   int tensor_parallel_size = 1;
+  int pipeline_parallel_size = 1;
+  int prefill_context_parallel_size = 1;
   int data_parallel_size = 1;
+  // MoE data parallelism: the ranks form a DP group at the DP master INIT names before READY
+  // and report the full DP size. Otherwise each rank is independent and reports DP size 1.
+  bool coordinated_dp = false;
+  std::chrono::milliseconds dp_group_timeout{std::chrono::seconds(30)};
   Backend backend = Backend::kNccl;
+  bool insecure_serialization = true;  // as with VLLM_ALLOW_INSECURE_SERIALIZATION=1
   std::string vllm_version = "0.0.0+reference";
   Faults faults;
   std::function<void(const ReceivedCall&)> on_call;  // called before the call is handled
+  std::function<void(const DpGroup&)> on_dp_group;   // called once the DP group formed
   // What "exit" means for exit_silently/send_dead: the standalone binary passes a function
   // that ends the process; by default the engine thread closes its sockets and stops.
   std::function<void()> on_fault_exit;

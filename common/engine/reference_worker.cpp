@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "common/engine/reference_update_info.hpp"
 #include "common/wire/msgpack_codec.hpp"
 
 namespace vllmd::engine::detail {
@@ -48,88 +49,10 @@ Status init_transfer_engine(WorkerState& worker, Backend backend, const msgpack:
   return {};
 }
 
-// Checks that every key holds a list and that all lists are equally long; returns the length.
-tl::expected<std::uint32_t, std::string> equal_lists(const msgpack::object& info,
-                                                     const std::vector<std::string_view>& keys) {
-  std::vector<std::uint32_t> lengths;
-  for (std::string_view key : keys) {
-    const msgpack::object* list = wire::find_key(info, key);
-    if (list->type != msgpack::type::ARRAY) {
-      return fail(type_error(key, "a list", *list));
-    }
-    lengths.push_back(list->via.array.size);
-  }
-  bool equal = true;
-  for (std::uint32_t length : lengths) equal = equal && length == lengths.front();
-  if (equal) return lengths.front();
-  std::string names;
-  std::string counts;
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    const char* separator = i == 0 ? "" : (i + 1 == keys.size() ? " and " : ", ");
-    names += separator + std::string(keys[i]);
-    counts += separator + std::to_string(lengths[i]);
-  }
-  return fail(names + " must have the same length, got " + counts);
-}
-
-Status check_elements(const msgpack::object& list, std::string_view key,
-                      msgpack::type::object_type type, std::string_view type_name) {
-  for (std::uint32_t i = 0; i < list.via.array.size; ++i) {
-    const msgpack::object& item = list.via.array.ptr[i];
-    if (item.type != type) {
-      return fail(type_error(std::string(key) + "[" + std::to_string(i) + "]", type_name, item));
-    }
-  }
-  return {};
-}
-
-// Parses one worker's update_info as the backend's update-info dataclass would; returns the
-// number of tensors it announces. Unknown keys are tolerated: newer trainers add options.
-tl::expected<std::uint32_t, std::string> parse_update_info(Backend backend,
-                                                           const msgpack::object& info) {
-  if (info.type != msgpack::type::MAP) return fail(type_error("update_info", "a dict", info));
-  const bool ipc = backend == Backend::kIpc;
-  std::vector<std::string_view> required = {"names", "dtype_names", "shapes"};
-  if (ipc) required.insert(required.end(), {"ipc_handles_pickled", "tensor_sizes"});
-  std::vector<std::string_view> missing;
-  for (std::string_view key : required) {
-    if (wire::find_key(info, key) == nullptr) missing.push_back(key);
-  }
-  if (!missing.empty()) {
-    return fail(missing_arguments(
-        ipc ? "IPCWeightTransferUpdateInfo.__init__" : "NCCLWeightTransferUpdateInfo.__init__",
-        missing));
-  }
-  std::vector<std::string_view> lists = {"names", "dtype_names", "shapes"};
-  if (ipc) {
-    // Unpacked transfers send tensor_sizes as None: only a list must match the others.
-    if (wire::find_key(info, "tensor_sizes")->type != msgpack::type::NIL) {
-      lists.push_back("tensor_sizes");
-    }
-    const msgpack::object& handles = *wire::find_key(info, "ipc_handles_pickled");
-    if (handles.type != msgpack::type::STR) {
-      return fail(type_error("ipc_handles_pickled", "a str", handles));
-    }
-  }
-  auto count = equal_lists(info, lists);
-  if (!count) return count;
-  Status status =
-      check_elements(*wire::find_key(info, "names"), "names", msgpack::type::STR, "a str");
-  if (status) {
-    status = check_elements(*wire::find_key(info, "dtype_names"), "dtype_names", msgpack::type::STR,
-                            "a str");
-  }
-  if (status) {
-    status =
-        check_elements(*wire::find_key(info, "shapes"), "shapes", msgpack::type::ARRAY, "a list");
-  }
-  if (!status) return fail(status.error());
-  return count;
-}
-
 tl::expected<std::uint32_t, std::string> receive_weights(const WorkerState& worker,
-                                                         int global_index, Backend backend,
+                                                         const WorkerContext& context,
                                                          const msgpack::object& update_info) {
+  const int global_index = context.global_index;
   const msgpack::object* info = &update_info;
   if (update_info.type == msgpack::type::ARRAY) {
     // One entry per worker over all engines.
@@ -140,16 +63,16 @@ tl::expected<std::uint32_t, std::string> receive_weights(const WorkerState& work
     }
     info = &update_info.via.array.ptr[global_index];
   }
-  auto count = parse_update_info(backend, *info);
+  auto count = read_update_info(context, *info);
   if (!count) return count;
-  if (backend == Backend::kNccl && !worker.initialized) return fail(kNotInitialized);
+  if (context.backend == Backend::kNccl && !worker.initialized) return fail(kNotInitialized);
   return count;
 }
 
-Status update_weights(WorkerState& worker, int global_index, Backend backend,
+Status update_weights(WorkerState& worker, const WorkerContext& context,
                       const msgpack::object& update_info) {
   if (!worker.update_active) return fail(kUpdateWithoutStart);
-  auto count = receive_weights(worker, global_index, backend, update_info);
+  auto count = receive_weights(worker, context, update_info);
   if (!count) {
     // vLLM abandons the session on any failure: the model may hold half-loaded weights.
     worker.update_active = false;
@@ -163,9 +86,10 @@ Status update_weights(WorkerState& worker, int global_index, Backend backend,
 
 }  // namespace
 
-tl::expected<void, std::string> run_worker_method(WorkerState& worker, int global_index,
-                                                  Backend backend, std::string_view method,
-                                                  Positional args, const msgpack::object* kwargs) {
+tl::expected<void, std::string> run_worker_method(WorkerState& worker, const WorkerContext& context,
+                                                  std::string_view method, Positional args,
+                                                  const msgpack::object* kwargs) {
+  const Backend backend = context.backend;
   const std::string qualname = "Worker." + std::string(method);
   const bool start = method == "start_weight_update" || method == "start_draft_weight_update";
   const bool finish = method == "finish_weight_update";
@@ -185,7 +109,7 @@ tl::expected<void, std::string> run_worker_method(WorkerState& worker, int globa
     return init_transfer_engine(worker, backend, *bound->front());
   }
   if (method == "update_weights") {
-    return update_weights(worker, global_index, backend, *bound->front());
+    return update_weights(worker, context, *bound->front());
   }
   if (start) {
     if (worker.update_active) {

@@ -1,6 +1,6 @@
 #pragma once
 // The worker side of ReferenceCore: vLLM's per-worker weight-transfer methods, reached through
-// collective_rpc, each acting on one TP worker's WorkerState.
+// collective_rpc, each acting on one worker's WorkerState.
 
 #include <msgpack.hpp>
 #include <string>
@@ -12,11 +12,17 @@
 
 namespace vllmd::engine::detail {
 
-// Runs `method(*args, **kwargs)` on one worker. `global_index` is the worker's index over all
-// engines (dp_rank * tensor_parallel_size + tp_rank); it picks the worker's entry of a list
-// update_info. The error is the exception text a Python worker would raise.
-tl::expected<void, std::string> run_worker_method(WorkerState& worker, int global_index,
-                                                  Backend backend, std::string_view method,
-                                                  Positional args, const msgpack::object* kwargs);
+// What a worker knows besides its state.
+struct WorkerContext {
+  int global_index = 0;  // dp_rank * world_size + rank: picks its entry of a list update_info
+  Backend backend = Backend::kNccl;
+  bool insecure_serialization = true;  // VLLM_ALLOW_INSECURE_SERIALIZATION=1
+};
+
+// Runs `method(*args, **kwargs)` on one worker. The error is the exception text a Python
+// worker would raise (str(e)), before any executor wrapping.
+tl::expected<void, std::string> run_worker_method(WorkerState& worker, const WorkerContext& context,
+                                                  std::string_view method, Positional args,
+                                                  const msgpack::object* kwargs);
 
 }  // namespace vllmd::engine::detail

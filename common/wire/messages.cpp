@@ -1,11 +1,16 @@
 #include "common/wire/messages.hpp"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
+#include <set>
 
 namespace vllmd::wire {
 
 namespace {
-
 
 tl::unexpected<std::string> fail(std::string message) { return tl::unexpected(std::move(message)); }
 
@@ -79,7 +84,88 @@ tl::expected<std::vector<std::string>, std::string> string_list(const msgpack::o
   return items;
 }
 
+std::optional<std::vector<std::int64_t>> int_list(const msgpack::object& list) {
+  if (list.type != msgpack::type::ARRAY) return std::nullopt;
+  std::vector<std::int64_t> items;
+  for (std::uint32_t i = 0; i < list.via.array.size; ++i) {
+    auto item = as_int64(list.via.array.ptr[i]);
+    if (!item) return std::nullopt;
+    items.push_back(*item);
+  }
+  return items;
+}
+
+// INIT's parallel_config, when it names a DP master: all four keys, of the types vLLM sends.
+std::optional<DataParallelMaster> read_data_parallel_master(const msgpack::object* config) {
+  if (config == nullptr) return std::nullopt;
+  auto ip = str_field(*config, "data_parallel_master_ip");
+  auto port = int_field(*config, "data_parallel_master_port");
+  auto size = int_field(*config, "data_parallel_size");
+  const msgpack::object* list = find_key(*config, "_data_parallel_master_port_list");
+  auto ports = list ? int_list(*list) : std::nullopt;
+  if (!ip || !port || !size || !ports) return std::nullopt;
+  return DataParallelMaster{std::move(*ip), *port, std::move(*ports), *size};
+}
+
+void pack_data_parallel_master(Packer& packer, const DataParallelMaster& master) {
+  // The keys in the order vLLM's frontend writes its dict.
+  packer.pack_map(4);
+  pack_str(packer, "data_parallel_master_ip");
+  pack_str(packer, master.ip);
+  pack_str(packer, "data_parallel_master_port");
+  packer.pack_int64(master.port);
+  pack_str(packer, "_data_parallel_master_port_list");
+  packer.pack_array(static_cast<std::uint32_t>(master.port_list.size()));
+  for (std::int64_t port : master.port_list) packer.pack_int64(port);
+  pack_str(packer, "data_parallel_size");
+  packer.pack_int64(master.data_parallel_size);
+}
+
+// A port the kernel hands out for ("", 0), as vLLM's _get_open_port binds it.
+tl::expected<std::int64_t, std::string> open_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t length = sizeof address;
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  const int error = errno;
+  ::close(fd);
+  if (!bound) return fail(std::string("cannot find an open port: ") + std::strerror(error));
+  return ntohs(address.sin_port);
+}
+
 }  // namespace
+
+DataParallelMaster split_master_ports(std::string ip, std::vector<std::int64_t> open_ports,
+                                      std::int64_t data_parallel_size) {
+  DataParallelMaster master{std::move(ip), 0, std::move(open_ports), data_parallel_size};
+  master.port = next_dp_init_port(master);
+  return master;
+}
+
+tl::expected<DataParallelMaster, std::string> pick_data_parallel_master(
+    std::string ip, std::int64_t data_parallel_size) {
+  constexpr std::size_t kPorts = 5;  // get_open_ports_list(5)
+  std::set<std::int64_t> ports;
+  while (ports.size() < kPorts) {
+    auto port = open_port();
+    if (!port) return tl::unexpected(port.error());
+    ports.insert(*port);
+  }
+  return split_master_ports(std::move(ip), {ports.begin(), ports.end()}, data_parallel_size);
+}
+
+std::int64_t next_dp_init_port(DataParallelMaster& master) {
+  if (!master.port_list.empty()) {
+    const std::int64_t port = master.port_list.back();
+    master.port_list.pop_back();
+    return port;
+  }
+  return master.port++;
+}
 
 std::string engine_identity(int rank) {
   const auto value = static_cast<std::uint16_t>(rank);
@@ -122,7 +208,8 @@ tl::expected<HandshakeStatus, std::string> decode_handshake_status(std::string_v
   return message;
 }
 
-std::string encode_init(const InitMessage& message) {
+std::string encode_init(const InitMessage& message,
+                        const std::optional<DataParallelMaster>& master) {
   StringBuffer buffer;
   Packer packer(buffer);
   packer.pack_map(2);
@@ -139,7 +226,11 @@ std::string encode_init(const InitMessage& message) {
     packer.pack_nil();
   }
   pack_str(packer, "parallel_config");
-  packer.pack_map(0);
+  if (master) {
+    pack_data_parallel_master(packer, *master);
+  } else {
+    packer.pack_map(0);
+  }
   return buffer.take();
 }
 
@@ -161,6 +252,12 @@ tl::expected<InitMessage, std::string> decode_init(std::string_view frame) {
   return message;
 }
 
+std::optional<DataParallelMaster> decode_init_data_parallel_master(std::string_view frame) {
+  auto handle = decode(frame);
+  if (!handle) return std::nullopt;
+  return read_data_parallel_master(find_key(handle->get(), "parallel_config"));
+}
+
 std::string encode_registration(const Registration& registration) {
   if (registration.empty) return {};
   StringBuffer buffer;
@@ -174,6 +271,8 @@ std::string encode_registration(const Registration& registration) {
                       write);
     pack_optional_int(packer, "pipeline_parallel_size", registration.pipeline_parallel_size, count,
                       write);
+    pack_optional_int(packer, "decode_context_parallel_size",
+                      registration.decode_context_parallel_size, count, write);
     pack_optional_int(packer, "data_parallel_rank", registration.data_parallel_rank, count, write);
     if (registration.vllm_version) {
       if (write) {
@@ -218,6 +317,7 @@ tl::expected<Registration, std::string> decode_registration(std::string_view fra
   registration.data_parallel_size = int_field(map, "data_parallel_size");
   registration.tensor_parallel_size = int_field(map, "tensor_parallel_size");
   registration.pipeline_parallel_size = int_field(map, "pipeline_parallel_size");
+  registration.decode_context_parallel_size = int_field(map, "decode_context_parallel_size");
   registration.data_parallel_rank = int_field(map, "data_parallel_rank");
   registration.vllm_version = str_field(map, "vllm_version");
   registration.weight_transfer_backend = str_field(map, "weight_transfer_backend");

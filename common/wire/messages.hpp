@@ -35,13 +35,42 @@ struct HandshakeStatus {
 std::string encode_handshake_status(const HandshakeStatus& message);
 tl::expected<HandshakeStatus, std::string> decode_handshake_status(std::string_view frame);
 
-// INIT: the addresses the engine must connect its input DEALER and output PUSH to.
+// The DP master of coordinated (MoE) data parallelism: the four ParallelConfig attributes
+// vLLM's frontend puts in INIT's parallel_config (vllm/v1/engine/utils.py,
+// wait_for_engine_startup) so that every engine forms its DP group at the same place. Dense
+// models get an empty parallel_config.
+struct DataParallelMaster {
+  std::string ip;                       // data_parallel_master_ip
+  std::int64_t port = 0;                // data_parallel_master_port
+  std::vector<std::int64_t> port_list;  // _data_parallel_master_port_list
+  std::int64_t data_parallel_size = 1;  // data_parallel_size
+  friend bool operator==(const DataParallelMaster&, const DataParallelMaster&) = default;
+};
+
+// How vLLM's ParallelConfig.__post_init__ derives the ports for DP > 1: five distinct open
+// ports (get_open_ports_list(5)); the last one is popped as data_parallel_master_port, the
+// other four stay in the list. split_master_ports does the split; pick_data_parallel_master
+// finds the open ports too (ascending: Python hands them over in its set's order).
+DataParallelMaster split_master_ports(std::string ip, std::vector<std::int64_t> open_ports,
+                                      std::int64_t data_parallel_size);
+tl::expected<DataParallelMaster, std::string> pick_data_parallel_master(
+    std::string ip, std::int64_t data_parallel_size);
+// ParallelConfig.get_next_dp_init_port(): the port a DP process group is set up on. It pops
+// the list's last port; once the list is empty it takes the master port and advances it.
+std::int64_t next_dp_init_port(DataParallelMaster& master);
+
+// INIT: the addresses the engine must connect its input DEALER and output PUSH to, and (for
+// coordinated DP only) the DP master in parallel_config, which is {} without one.
 struct InitMessage {
   std::vector<std::string> inputs;
   std::vector<std::string> outputs;
 };
-std::string encode_init(const InitMessage& message);
+std::string encode_init(const InitMessage& message,
+                        const std::optional<DataParallelMaster>& master = std::nullopt);
 tl::expected<InitMessage, std::string> decode_init(std::string_view frame);
+// The DP master of an INIT frame decode_init accepts: set only when parallel_config holds all
+// four keys, of the types vLLM sends.
+std::optional<DataParallelMaster> decode_init_data_parallel_master(std::string_view frame);
 
 // The registration frame an engine sends first on its input connection. Older engines send an
 // empty frame (`empty`); newer ones a map whose fields are all optional here.
@@ -51,6 +80,7 @@ struct Registration {
   std::optional<std::int64_t> data_parallel_size;
   std::optional<std::int64_t> tensor_parallel_size;
   std::optional<std::int64_t> pipeline_parallel_size;
+  std::optional<std::int64_t> decode_context_parallel_size;
   std::optional<std::int64_t> data_parallel_rank;
   std::optional<std::string> vllm_version;
   std::optional<std::string> weight_transfer_backend;
@@ -93,8 +123,9 @@ struct UtilityOutput {
 };
 
 // EngineCoreOutputs as a positional array of `fields` (>= 5) entries; only a utility reply.
+// 8 is what msgspec writes for current engines: array_like structs carry every field.
 std::string encode_engine_core_outputs(std::int64_t engine_index, const UtilityOutput& output,
-                                       double timestamp, int fields = 5);
+                                       double timestamp, int fields = 8);
 
 struct EngineCoreOutputs {
   std::int64_t engine_index = 0;

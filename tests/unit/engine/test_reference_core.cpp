@@ -72,6 +72,63 @@ TEST_SUITE("reference_core") {
     }
   }
 
+  TEST_CASE("an engine has PP x TP x PCP workers; a list update_info has one entry each") {
+    vllmd::engine::ParallelSizes sizes;
+    sizes.data_parallel_rank = 1;
+    sizes.data_parallel_size = 2;
+    sizes.pipeline_parallel_size = 2;
+    sizes.tensor_parallel_size = 2;
+    CHECK(sizes.world_size() == 4);
+    sizes.prefill_context_parallel_size = 3;
+    CHECK(sizes.world_size() == 12);
+    sizes.prefill_context_parallel_size = 1;
+    ReferenceCore core(sizes, Backend::kNccl);  // workers 4..7 of 8
+    REQUIRE(core.workers().size() == 4);
+    CHECK(rpc(core, "init_weight_transfer_engine", kNcclInit) == "[null,null,null,null]");
+    CHECK(rpc(core, "start_weight_update") == "[null,null,null,null]");
+    std::string entries;
+    for (int worker = 0; worker < 8; ++worker) {  // worker i's entry names i + 1 tensors
+      std::string names;
+      std::string shapes;
+      for (int i = 0; i <= worker; ++i) {
+        names += std::string(i == 0 ? "" : ",") + "\"w\"";
+        shapes += std::string(i == 0 ? "" : ",") + "[1]";
+      }
+      entries += std::string(worker == 0 ? "" : ",") + "{\"names\":[" + names +
+                 "],\"dtype_names\":[" + names + "],\"shapes\":[" + shapes + "]}";
+    }
+    CHECK(rpc(core, "update_weights", "{\"update_info\":[" + entries + "]}") ==
+          "[null,null,null,null]");
+    for (std::size_t rank = 0; rank < 4; ++rank) {
+      CAPTURE(rank);
+      CHECK(core.workers()[rank].tensors_received == 5 + rank);  // entry 4 + rank
+    }
+  }
+
+  TEST_CASE("worker errors come wrapped whenever vLLM runs its MultiprocExecutor") {
+    const std::string busy =
+        "start_weight_update called while a weight update is already active. "
+        "Call finish_weight_update first.";
+    const auto second_start = [](const vllmd::engine::ParallelSizes& sizes) {
+      ReferenceCore core(sizes, Backend::kNccl);
+      REQUIRE(rpc(core, "start_weight_update").find("error") == std::string::npos);
+      return rpc(core, "start_weight_update");
+    };
+    // One worker and no DP: UniProcExecutor raises the worker's exception itself.
+    CHECK(second_start({}) == error(busy));
+    const std::string wrapped = error("Worker failed with error '" + busy +
+                                      "', please check the stack trace above for the root cause");
+    CHECK(second_start({0, 1, 2, 1, 1}) == wrapped);  // TP=2
+    CHECK(second_start({0, 1, 1, 2, 1}) == wrapped);  // PP=2
+    CHECK(second_start({0, 1, 1, 1, 2}) == wrapped);  // PCP=2
+    // DP=2 alone: ParallelConfig picks "mp" when world_size x DP exceeds 1.
+    CHECK(second_start({1, 2, 1, 1, 1}) == wrapped);
+    // Errors of collective_rpc itself are the engine's, never wrapped.
+    ReferenceCore core({0, 1, 2, 1, 1}, Backend::kNccl);
+    CHECK(call(core, "collective_rpc", "[1,null,[],{}]") ==
+          error("collective_rpc() argument 'method' must be a str, not int"));
+  }
+
   TEST_CASE("session errors carry vLLM's messages") {
     ReferenceCore core(0, 1, Backend::kNccl);
     CHECK(rpc(core, "update_weights", kNcclUpdate) ==
@@ -196,52 +253,99 @@ TEST_SUITE("reference_core") {
 
     CHECK(rpc(core, "update_weights",
               "{\"update_info\":[" + entry_one + "," + entry_one + "," + entry_one + "]}") ==
-          error("update_info is a list of 3 entries, but worker 3 (dp_rank * world_size + rank) "
-                "needs entry 3"));
+          error("Worker failed with error 'update_info is a list of 3 entries, but worker 3 "
+                "(dp_rank * world_size + rank) needs entry 3', please check the stack trace above "
+                "for the root cause"));
     // Worker 2 succeeded, worker 3 failed: the session of the failing worker ended.
     CHECK(core.workers()[0].update_active);
     CHECK_FALSE(core.workers()[1].update_active);
   }
 
-  TEST_CASE("IPC accepts an empty init_info and needs handles and sizes") {
+  TEST_CASE("IPC update_info is checked like IPCWeightTransferUpdateInfo(**update_info)") {
     ReferenceCore core(0, 1, Backend::kIpc);
     CHECK(rpc(core, "init_weight_transfer_engine", R"({"init_info":{"master_port":1}})") ==
           error("IPCWeightTransferInitInfo.__init__() got an unexpected keyword argument "
                 "'master_port'"));
-    // No init needed for IPC updates.
-    REQUIRE(rpc(core, "start_weight_update") == "[null]");
+    // No init needed for IPC updates. Each failure ends the session; start a new one.
+    const auto update = [&](std::string_view info_json) {
+      REQUIRE(rpc(core, "start_weight_update") == "[null]");
+      return rpc(core, "update_weights", "{\"update_info\":" + std::string(info_json) + "}");
+    };
+    const std::string invalid = "Invalid update_info for IPCWeightTransferEngine: ";
+    // Building the dataclass: TypeErrors, which parse_update_info turns into ValueErrors.
+    CHECK(update(R"({"names":["a"]})") ==
+          error(invalid +
+                "IPCWeightTransferUpdateInfo.__init__() missing 2 required positional arguments: "
+                "'dtype_names' and 'shapes'"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],"packed":true})") ==
+          error(invalid +
+                "IPCWeightTransferUpdateInfo.__init__() got an unexpected keyword argument "
+                "'packed'"));
+    CHECK(update(R"("x")") ==
+          error(invalid +
+                "vllm.distributed.weight_transfer.ipc_engine.IPCWeightTransferUpdateInfo() "
+                "argument after ** must be a mapping, not str"));
+    CHECK(update(R"({"names":1,"dtype_names":["f"],"shapes":[[1]],"ipc_handles":[{}]})") ==
+          error(invalid + "object of type 'int' has no len()"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
+                 R"("ipc_handles_pickled":["x"]})") ==
+          error(invalid + "argument should be a bytes-like object or ASCII string, not 'list'"));
+    // __post_init__: its ValueErrors as they are.
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]]})") ==
+          error("Either `ipc_handles` or `ipc_handles_pickled` must be provided"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],"ipc_handles":null,)"
+                 R"("ipc_handles_pickled":null})") ==
+          error("Either `ipc_handles` or `ipc_handles_pickled` must be provided"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],"ipc_handles":[{}],)"
+                 R"("ipc_handles_pickled":"gASV"})") ==
+          error("Cannot specify both `ipc_handles` and `ipc_handles_pickled`"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
+                 R"("ipc_handles_pickled":"gAé"})") ==
+          error("string argument should contain only ASCII characters"));
+    CHECK(update(R"({"names":["a","b"],"dtype_names":["f"],"shapes":[[1],[2]],)"
+                 R"("ipc_handles_pickled":"gASV"})") ==
+          error("`dtype_names` should be of the same size as `names`: got 1 and 2"));
+    CHECK(update(R"({"names":"ab","dtype_names":["f","f"],"shapes":[[1]],)"
+                 R"("ipc_handles_pickled":"gASV"})") ==
+          error("`shapes` should be of the same size as `names`: got 1 and 2"));
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],"ipc_handles":[{},{}]})") ==
+          error("`ipc_handles` should be of the same size as `names`: got 2 and 1"));
+    // receive_weights, unpacked: `assert isinstance(update_info.ipc_handles, list)`.
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],"ipc_handles":{"g":[]}})") ==
+          error(""));
+    CHECK_FALSE(core.workers()[0].update_active);
+    CHECK(core.workers()[0].tensors_received == 0);
+
+    // Accepted: pickled handles (HTTP) or direct ones (Ray); tensor_sizes optional.
+    CHECK(update(R"({"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
+                 R"("ipc_handles_pickled":"gASV","tensor_sizes":[4]})") == "[null]");
     CHECK(rpc(core, "update_weights",
-              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]]}})") ==
-          error("IPCWeightTransferUpdateInfo.__init__() missing 2 required positional "
-                "arguments: 'ipc_handles_pickled' and 'tensor_sizes'"));
-    REQUIRE(rpc(core, "start_weight_update") == "[null]");
+              R"({"update_info":{"names":["a","b"],"dtype_names":["f","f"],)"
+              R"("shapes":[[1],[2]],"ipc_handles":[{"gpu":[]},{"gpu":[]}]}})") == "[null]");
     CHECK(rpc(core, "update_weights",
-              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
-              R"("ipc_handles_pickled":["x"],"tensor_sizes":[4]}})") ==
-          error("ipc_handles_pickled must be a str, not list"));
-    REQUIRE(rpc(core, "start_weight_update") == "[null]");
-    CHECK(rpc(core, "update_weights",
-              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
-              R"("ipc_handles_pickled":"gASV","tensor_sizes":[4,5]}})") ==
-          error("names, dtype_names, shapes and tensor_sizes must have the same length, got 1, "
-                "1, 1 and 2"));
-    REQUIRE(rpc(core, "start_weight_update") == "[null]");
-    CHECK(rpc(core, "update_weights",
-              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
-              R"("ipc_handles_pickled":"gASV","tensor_sizes":[4]}})") == "[null]");
-    CHECK(rpc(core, "init_weight_transfer_engine", R"({"init_info":{}})") == "[null]");
-    // Newer trainers say whether they pack, and send tensor_sizes None when unpacked.
-    CHECK(rpc(core, "init_weight_transfer_engine", R"({"init_info":{"packed":false}})") ==
-          "[null]");
-    CHECK(rpc(core, "update_weights",
-              R"({"update_info":{"names":["a","b"],"dtype_names":["f","f"],"shapes":[[1],[2]],)"
+              R"({"update_info":{"names":["c"],"dtype_names":["f"],"shapes":[[1]],)"
               R"("ipc_handles_pickled":"gASV","tensor_sizes":null}})") == "[null]");
     CHECK(rpc(core, "finish_weight_update") == "[null]");
-    CHECK(core.workers()[0].tensors_received == 3);
+    CHECK(core.workers()[0].tensors_received == 4);
+    CHECK(rpc(core, "init_weight_transfer_engine", R"({"init_info":{}})") == "[null]");
+  }
+
+  TEST_CASE("without VLLM_ALLOW_INSECURE_SERIALIZATION pickled IPC handles are refused") {
+    ReferenceCore core(vllmd::engine::ParallelSizes{}, Backend::kIpc, false);
+    REQUIRE(rpc(core, "start_weight_update") == "[null]");
+    CHECK(rpc(core, "update_weights",
+              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
+              R"("ipc_handles_pickled":"gASV"}})") ==
+          error("Refusing to deserialize `ipc_handles_pickled` without "
+                "VLLM_ALLOW_INSECURE_SERIALIZATION=1"));
+    REQUIRE(rpc(core, "start_weight_update") == "[null]");
+    CHECK(rpc(core, "update_weights",
+              R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
+              R"("ipc_handles":[{}]}})") == "[null]");
   }
 
   TEST_CASE("without a weight transfer backend every worker method fails") {
-    ReferenceCore core(0, 2, Backend::kNone);
+    ReferenceCore core(0, 1, Backend::kNone);
     const std::string not_configured = error(
         "Weight transfer not configured. Please set weight_transfer_config to enable weight "
         "transfer.");
@@ -295,7 +399,10 @@ TEST_SUITE("reference_core") {
   TEST_CASE("unknown methods") {
     ReferenceCore core(0, 2, Backend::kNccl);
     CHECK(call(core, "sleep", "[]") == error("'EngineCore' object has no attribute 'sleep'"));
-    CHECK(rpc(core, "load_model") == error("'Worker' object has no attribute 'load_model'"));
+    // TP=2: the workers' AttributeError comes through MultiprocExecutor, quotes and all.
+    CHECK(rpc(core, "load_model") ==
+          error("Worker failed with error ''Worker' object has no attribute 'load_model'', "
+                "please check the stack trace above for the root cause"));
   }
 
   TEST_CASE("malformed arguments give TypeErrors, never a crash") {

@@ -5,156 +5,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <optional>
+#include <mutex>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <vector>
-#include <zmq.hpp>
 
-#include "common/engine/reference_engine.hpp"
-#include "common/wire/json_to_msgpack.hpp"
-#include "common/wire/messages.hpp"
-#include "common/wire/msgpack_to_json.hpp"
-
-namespace {
+#include "tests/unit/engine/reference_frontend.hpp"
 
 using namespace std::chrono_literals;
+using namespace vllmd::test;
 using vllmd::engine::ReceivedCall;
-using vllmd::engine::ReferenceEngine;
-using vllmd::engine::ReferenceEngineOptions;
-namespace wire = vllmd::wire;
-
-constexpr auto kTimeout = 5s;
-
-using Frames = std::vector<std::string>;
-
-// The frontend side: binds handshake ROUTER, input ROUTER and output PULL on loopback port 0.
-struct Frontend {
-  zmq::context_t context;
-  zmq::socket_t handshake{context, zmq::socket_type::router};
-  zmq::socket_t input{context, zmq::socket_type::router};
-  zmq::socket_t output{context, zmq::socket_type::pull};
-  std::string handshake_address;
-  std::string input_address;
-  std::string output_address;
-  std::string identity;  // of the engine, from its HELLO
-
-  Frontend() {
-    handshake_address = bind(handshake);
-    input_address = bind(input);
-    output_address = bind(output);
-  }
-
-  static std::string bind(zmq::socket_t& socket) {
-    socket.set(zmq::sockopt::linger, 0);
-    socket.bind("tcp://127.0.0.1:0");
-    return socket.get(zmq::sockopt::last_endpoint);
-  }
-
-  // The next message's frames; nullopt after `timeout`.
-  static std::optional<Frames> receive(zmq::socket_t& socket,
-                                       std::chrono::milliseconds timeout = kTimeout) {
-    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, timeout) == 0) return std::nullopt;
-    Frames frames;
-    zmq::message_t frame;
-    do {
-      REQUIRE(socket.recv(frame, zmq::recv_flags::none));
-      frames.push_back(frame.to_string());
-    } while (frame.more());
-    return frames;
-  }
-
-  static void send(zmq::socket_t& socket, const Frames& frames) {
-    for (std::size_t i = 0; i < frames.size(); ++i) {
-      const auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
-      REQUIRE(socket.send(zmq::buffer(frames[i]), flags));
-    }
-  }
-
-  // Takes HELLO, sends INIT; returns the registration frame after checking READY arrived.
-  std::string connect(int rank = 0) {
-    auto hello = receive(handshake);
-    REQUIRE(hello);
-    REQUIRE(hello->size() == 2);
-    identity = (*hello)[0];
-    CHECK(identity == wire::engine_identity(rank));
-    auto status = wire::decode_handshake_status((*hello)[1]);
-    REQUIRE(status);
-    CHECK(status->status == "HELLO");
-    CHECK_FALSE(status->local);
-    CHECK(status->headless);
-    send(handshake, {identity, wire::encode_init({{input_address}, {output_address}})});
-
-    auto ready = receive(handshake);
-    REQUIRE(ready);
-    REQUIRE(ready->size() == 2);
-    CHECK((*ready)[0] == identity);
-    auto ready_status = wire::decode_handshake_status((*ready)[1]);
-    REQUIRE(ready_status);
-    CHECK(ready_status->status == "READY");
-    auto registration = receive(input);
-    REQUIRE(registration);
-    REQUIRE(registration->size() == 2);
-    CHECK((*registration)[0] == identity);
-    return (*registration)[1];
-  }
-
-  void call(std::uint64_t call_id, std::string_view method, std::string_view args_json) {
-    auto args = wire::json_to_msgpack(args_json);
-    REQUIRE(args);
-    send(input, {identity, std::string(1, '\x03'),
-                 wire::encode_utility_request(0, {call_id, false}, method, args->msgpack.view())});
-  }
-
-  std::optional<std::string> reply_frame(std::chrono::milliseconds timeout = kTimeout) {
-    auto frames = receive(output, timeout);
-    if (!frames) return std::nullopt;
-    REQUIRE(frames->size() == 1);
-    return frames->front();
-  }
-
-  wire::UtilityOutput reply() {
-    auto frame = reply_frame();
-    REQUIRE(frame);
-    auto outputs = wire::decode_engine_core_outputs(*frame);
-    REQUIRE(outputs);
-    REQUIRE(outputs->utility_output);
-    return *outputs->utility_output;
-  }
-};
-
-ReferenceEngineOptions options_for(const Frontend& frontend) {
-  ReferenceEngineOptions options;
-  options.handshake_address = frontend.handshake_address;
-  options.init_timeout = 5s;
-  return options;
-}
-
-std::string json(const std::string& msgpack) {
-  auto text = wire::msgpack_to_json(msgpack);
-  REQUIRE(text);
-  return *text;
-}
-
-// Number of fields of an EngineCoreOutputs array.
-std::uint32_t field_count(const std::string& frame) {
-  auto handle = wire::decode(frame);
-  REQUIRE(handle);
-  REQUIRE(handle->get().type == msgpack::type::ARRAY);
-  return handle->get().via.array.size;
-}
-
-bool wait_until_stopped(const ReferenceEngine& engine) {
-  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
-  while (engine.running() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(5ms);
-  }
-  return !engine.running();
-}
-
-}  // namespace
 
 TEST_SUITE("reference_engine") {
   TEST_CASE("handshake, registration and utility calls") {
@@ -171,9 +31,10 @@ TEST_SUITE("reference_engine") {
     REQUIRE(registration);
     CHECK_FALSE(registration->empty);
     CHECK(registration->world_size == 2);
-    CHECK(registration->data_parallel_size == 2);
+    CHECK(registration->data_parallel_size == 1);  // a dense rank: DP collapsed to 1
     CHECK(registration->tensor_parallel_size == 2);
     CHECK(registration->pipeline_parallel_size == 1);
+    CHECK(registration->decode_context_parallel_size == 1);
     CHECK(registration->data_parallel_rank == 1);
     CHECK(registration->vllm_version == "0.99.0");
     CHECK(registration->weight_transfer_backend == "nccl");
@@ -182,7 +43,7 @@ TEST_SUITE("reference_engine") {
     frontend.call(3, "get_weight_version", "[]");
     auto frame = frontend.reply_frame();
     REQUIRE(frame);
-    CHECK(field_count(*frame) == 5);
+    CHECK(field_count(*frame) == 8);  // every field, as msgspec writes them
     auto outputs = wire::decode_engine_core_outputs(*frame);
     REQUIRE(outputs);
     CHECK(outputs->engine_index == 1);
@@ -201,8 +62,9 @@ TEST_SUITE("reference_engine") {
     auto again = frontend.reply();
     REQUIRE(again.failure_message);
     CHECK(*again.failure_message ==
-          "Call to collective_rpc method failed: start_weight_update called while a weight "
-          "update is already active. Call finish_weight_update first.");
+          "Call to collective_rpc method failed: Worker failed with error 'start_weight_update "
+          "called while a weight update is already active. Call finish_weight_update first.', "
+          "please check the stack trace above for the root cause");
 
     frontend.call(6, "no_such_method", "[]");
     auto unknown = frontend.reply();
@@ -296,17 +158,17 @@ TEST_SUITE("reference_engine") {
     CHECK_FALSE(frontend.reply().failure_message);
   }
 
-  TEST_CASE("8-field replies") {
+  TEST_CASE("5-field replies on request, as older peers wrote them") {
     Frontend frontend;
     auto options = options_for(frontend);
-    options.faults.reply_fields = 8;
+    options.faults.reply_fields = 5;
     ReferenceEngine engine(options);
     engine.start();
     frontend.connect();
     frontend.call(2, "set_weight_version", R"(["step-42"])");
     auto frame = frontend.reply_frame();
     REQUIRE(frame);
-    CHECK(field_count(*frame) == 8);
+    CHECK(field_count(*frame) == 5);
     auto outputs = wire::decode_engine_core_outputs(*frame);
     REQUIRE(outputs);
     REQUIRE(outputs->utility_output);

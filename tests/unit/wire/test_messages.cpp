@@ -4,7 +4,10 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -288,7 +291,7 @@ TEST_CASE("EngineCoreOutputs vectors encode byte for byte") {
   CHECK(to_hex(encode_engine_core_outputs(0, ok_output(id(1), from_hex("91c0")), kTimestamp, 5)) ==
         kReplyTp1Fields5);
   CHECK(to_hex(encode_engine_core_outputs(0, ok_output(id(1), from_hex("91c0")), kTimestamp)) ==
-        kReplyTp1Fields5);  // 5 fields by default
+        kReplyTp1Fields8);  // 8 fields by default, as msgspec writes them
   CHECK(to_hex(encode_engine_core_outputs(0, ok_output(id(4), from_hex("92c0c0")), kTimestamp,
                                           8)) == kReplyTp2);
   CHECK(to_hex(encode_engine_core_outputs(0, ok_output(id(2), from_hex("c0")), kTimestamp, 8)) ==
@@ -400,7 +403,12 @@ TEST_CASE("EngineCoreOutputs call ids keep their signedness") {
   for (const Case& c : cases) {
     CAPTURE(c.id_hex);
     const std::string frame = encode_engine_core_outputs(0, ok_output(c.call_id, "\xc0"), 1.0);
-    CHECK(to_hex(frame) == "950090c0cb3ff0000000000000" "93" + std::string(c.id_hex) + "c092c0c0");
+    CHECK(to_hex(frame) ==
+          "980090c0cb3ff0000000000000"
+          "93" +
+              std::string(c.id_hex) +
+              "c092c0c0"
+              "c0c0c0");
     const EngineCoreOutputs outputs = decode_ok(frame);
     REQUIRE(outputs.utility_output.has_value());
     CHECK(outputs.utility_output->call_id == c.call_id);
@@ -589,6 +597,91 @@ TEST_CASE("handshake status decoding tolerates unknown and missing keys") {
   }
 }
 
+// INIT for coordinated DP, as vLLM's frontend writes it for master 10.0.0.1:29500, port list
+// [41000..41003], DP size 2 (Python's msgpack packing the same dict, key order kept).
+constexpr std::string_view kInitWithMaster =
+    "82a961646472657373657385a6696e7075747391b47463703a2f2f3132372e302e302e313a35353535a76f7574"
+    "7075747391b47463703a2f2f3132372e302e302e313a35353536b1636f6f7264696e61746f725f696e707574c0"
+    "b2636f6f7264696e61746f725f6f7574707574c0be66726f6e74656e645f73746174735f7075626c6973685f61"
+    "646472657373c0af706172616c6c656c5f636f6e66696784b7646174615f706172616c6c656c5f6d6173746572"
+    "5f6970a831302e302e302e31b9646174615f706172616c6c656c5f6d61737465725f706f7274cd733cbf5f6461"
+    "74615f706172616c6c656c5f6d61737465725f706f72745f6c69737494cda028cda029cda02acda02bb2646174"
+    "615f706172616c6c656c5f73697a6502";
+
+TEST_CASE("INIT carries the DP master of coordinated DP in parallel_config") {
+  const DataParallelMaster master{"10.0.0.1", 29500, {41000, 41001, 41002, 41003}, 2};
+  const InitMessage addresses{{"tcp://127.0.0.1:5555"}, {"tcp://127.0.0.1:5556"}};
+  CHECK(to_hex(encode_init(addresses, master)) == kInitWithMaster);
+  CHECK(to_hex(encode_init(addresses, std::nullopt)) == kInit);  // dense: {}
+
+  auto decoded = decode_init(from_hex(kInitWithMaster));
+  REQUIRE(decoded.has_value());
+  CHECK(decoded->inputs == addresses.inputs);
+  CHECK(decode_init_data_parallel_master(from_hex(kInitWithMaster)) == master);
+  CHECK_FALSE(decode_init_data_parallel_master(from_hex(kInit)).has_value());
+
+  // A master is all four keys of the types vLLM sends, or none at all.
+  const auto with_config = [](const std::function<void(Packer&)>& config) {
+    StringBuffer buffer;
+    Packer packer(buffer);
+    packer.pack_map(2);
+    pack_str(packer, "addresses");
+    packer.pack_map(2);
+    for (const char* key : {"inputs", "outputs"}) {
+      pack_str(packer, key);
+      packer.pack_array(1);
+      pack_str(packer, "tcp://a:1");
+    }
+    pack_str(packer, "parallel_config");
+    config(packer);
+    return buffer.take();
+  };
+  const std::string partial = with_config([](Packer& packer) {
+    packer.pack_map(1);
+    pack_str(packer, "data_parallel_master_ip");
+    pack_str(packer, "10.0.0.1");
+  });
+  CHECK(decode_init(partial).has_value());
+  CHECK_FALSE(decode_init_data_parallel_master(partial).has_value());
+  const std::string string_ports = with_config([](Packer& packer) {
+    packer.pack_map(4);
+    pack_str(packer, "data_parallel_master_ip");
+    pack_str(packer, "10.0.0.1");
+    pack_str(packer, "data_parallel_master_port");
+    pack_str(packer, "29500");
+    pack_str(packer, "_data_parallel_master_port_list");
+    packer.pack_array(0);
+    pack_str(packer, "data_parallel_size");
+    packer.pack(2);
+  });
+  CHECK_FALSE(decode_init_data_parallel_master(string_ports).has_value());
+  CHECK_FALSE(decode_init_data_parallel_master("not msgpack").has_value());
+}
+
+TEST_CASE("DP master ports are derived as ParallelConfig derives them") {
+  // __post_init__: the last of five open ports becomes the master port.
+  DataParallelMaster master = split_master_ports("10.0.0.1", {5001, 5002, 5003, 5004, 5005}, 4);
+  CHECK(master == DataParallelMaster{"10.0.0.1", 5005, {5001, 5002, 5003, 5004}, 4});
+  // get_next_dp_init_port: pops the list from its end, then counts up from the master port.
+  CHECK(next_dp_init_port(master) == 5004);
+  CHECK(next_dp_init_port(master) == 5003);
+  CHECK(next_dp_init_port(master) == 5002);
+  CHECK(next_dp_init_port(master) == 5001);
+  CHECK(next_dp_init_port(master) == 5005);
+  CHECK(next_dp_init_port(master) == 5006);
+  CHECK(master.port == 5007);
+
+  auto picked = pick_data_parallel_master("127.0.0.1", 2);
+  REQUIRE(picked.has_value());
+  CHECK(picked->ip == "127.0.0.1");
+  CHECK(picked->data_parallel_size == 2);
+  REQUIRE(picked->port_list.size() == 4);
+  std::set<std::int64_t> distinct(picked->port_list.begin(), picked->port_list.end());
+  distinct.insert(picked->port);
+  CHECK(distinct.size() == 5);
+  for (std::int64_t port : distinct) CHECK((port > 0 && port < 65536));
+}
+
 TEST_CASE("INIT round trip and validation") {
   InitMessage message;
   message.inputs = {"tcp://10.0.0.5:40001", "ipc:///tmp/vllmd-in"};
@@ -734,6 +827,7 @@ TEST_CASE("registration frames") {
     full.data_parallel_size = 4;
     full.tensor_parallel_size = 4;
     full.pipeline_parallel_size = 2;
+    full.decode_context_parallel_size = 1;
     full.data_parallel_rank = 3;
     full.vllm_version = "0.11.1rc2";
     full.weight_transfer_backend = "ipc";
@@ -745,6 +839,7 @@ TEST_CASE("registration frames") {
     CHECK(decoded->data_parallel_size == 4);
     CHECK(decoded->tensor_parallel_size == 4);
     CHECK(decoded->pipeline_parallel_size == 2);
+    CHECK(decoded->decode_context_parallel_size == 1);
     CHECK(decoded->data_parallel_rank == 3);
     CHECK(decoded->vllm_version == "0.11.1rc2");
     CHECK(decoded->weight_transfer_backend == "ipc");
@@ -978,7 +1073,9 @@ TEST_CASE("floats keep their type through the codecs") {
                                            {1234.5, "cb40934a0000000000"}}) {
       CAPTURE(c.hex);
       const std::string frame = encode_engine_core_outputs(0, ok_output(id(1), "\xc0"), c.timestamp);
-      CHECK(to_hex(frame) == "950090c0" + std::string(c.hex) + "9301c092c0c0");
+      CHECK(to_hex(frame) == "980090c0" + std::string(c.hex) +
+                                 "9301c092c0c0"
+                                 "c0c0c0");
     }
   }
   SUBCASE("encode_object") {

@@ -1,0 +1,48 @@
+#pragma once
+// Replies the reference engine sends later without blocking (the --inject-hold fault), the
+// way vLLM answers pause_scheduler(mode="wait") only when the pause completes while its busy
+// loop goes on serving. Each frame goes out at its own time; frames due at the same time go
+// in the order they were held.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace vllmd::engine {
+
+class HeldReplies {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  void hold(Clock::time_point due, std::string frame) {
+    frames_.emplace(Key{due, next_sequence_++}, std::move(frame));
+  }
+
+  std::optional<Clock::time_point> next_due() const {
+    if (frames_.empty()) return std::nullopt;
+    return frames_.begin()->first.first;
+  }
+
+  // The frames due by `now`, earliest first.
+  std::vector<std::string> take_due(Clock::time_point now) {
+    std::vector<std::string> due;
+    while (!frames_.empty() && frames_.begin()->first.first <= now) {
+      due.push_back(std::move(frames_.begin()->second));
+      frames_.erase(frames_.begin());
+    }
+    return due;
+  }
+
+  std::size_t size() const { return frames_.size(); }
+
+ private:
+  using Key = std::pair<Clock::time_point, std::uint64_t>;  // due, then arrival order
+  std::map<Key, std::string> frames_;
+  std::uint64_t next_sequence_ = 0;
+};
+
+}  // namespace vllmd::engine
