@@ -4,91 +4,88 @@
 
 namespace vllmd::api {
 
+std::uint64_t KnownState::next_sequence() {
+  std::lock_guard lock(mutex_);
+  return ++sequence_;
+}
+
 void KnownState::sync(const std::vector<engine::EngineStatus>& engines) {
   std::lock_guard lock(mutex_);
   engines_.resize(engines.size());
   for (std::size_t i = 0; i < engines.size(); ++i) {
-    if (engines_[i].admissions != engines[i].admissions) {
-      engines_[i] = Known{engines[i].admissions, "default", false, true, true};
-    }
+    Engine& known = engines_[i];
+    if (known.incarnation == engines[i].admissions) continue;
+    // A new process: what older calls find out about the previous one no longer applies.
+    const std::uint64_t now = ++sequence_;
+    known = Engine{engines[i].admissions, {"default", now, 0}, {false, now, 0}};
   }
 }
 
-void KnownState::set_version(int rank, const std::string& version) {
+void KnownState::changing_version(std::uint64_t sequence) {
+  std::lock_guard lock(mutex_);
+  for (Engine& known : engines_) known.version.changing = std::max(known.version.changing, sequence);
+}
+
+void KnownState::changing_paused(std::uint64_t sequence) {
+  std::lock_guard lock(mutex_);
+  for (Engine& known : engines_) known.paused.changing = std::max(known.paused.changing, sequence);
+}
+
+void KnownState::set_version(int rank, std::uint64_t sequence, const std::string& version) {
   std::lock_guard lock(mutex_);
   if (rank >= 0 && static_cast<std::size_t>(rank) < engines_.size()) {
-    engines_[rank].version = version;
-    engines_[rank].version_known = true;
+    engines_[static_cast<std::size_t>(rank)].version.write(sequence, version);
   }
 }
 
-void KnownState::set_version_all(const std::string& version) {
+void KnownState::set_version_all(std::uint64_t sequence, const std::string& version) {
   std::lock_guard lock(mutex_);
-  for (Known& known : engines_) {
-    known.version = version;
-    known.version_known = true;
-  }
+  for (Engine& known : engines_) known.version.write(sequence, version);
 }
 
-void KnownState::set_paused(int rank, bool paused) {
+void KnownState::set_paused(int rank, std::uint64_t sequence, bool paused) {
   std::lock_guard lock(mutex_);
   if (rank >= 0 && static_cast<std::size_t>(rank) < engines_.size()) {
-    engines_[rank].paused = paused;
-    engines_[rank].paused_known = true;
+    engines_[static_cast<std::size_t>(rank)].paused.write(sequence, paused);
   }
 }
 
-void KnownState::set_paused_all(bool paused) {
+void KnownState::set_paused_all(std::uint64_t sequence, bool paused) {
   std::lock_guard lock(mutex_);
-  for (Known& known : engines_) {
-    known.paused = paused;
-    known.paused_known = true;
-  }
-}
-
-void KnownState::forget_version() {
-  std::lock_guard lock(mutex_);
-  for (Known& known : engines_) known.version_known = false;
-}
-
-void KnownState::forget_paused() {
-  std::lock_guard lock(mutex_);
-  for (Known& known : engines_) known.paused_known = false;
+  for (Engine& known : engines_) known.paused.write(sequence, paused);
 }
 
 bool KnownState::version_certain() const {
   std::lock_guard lock(mutex_);
   return std::all_of(engines_.begin(), engines_.end(),
-                     [](const Known& known) { return known.version_known; });
+                     [](const Engine& known) { return known.version.certain(); });
 }
 
 bool KnownState::paused_certain() const {
   std::lock_guard lock(mutex_);
   return std::all_of(engines_.begin(), engines_.end(),
-                     [](const Known& known) { return known.paused_known; });
+                     [](const Engine& known) { return known.paused.certain(); });
 }
 
 tl::expected<std::string, std::string> KnownState::version() const {
   std::lock_guard lock(mutex_);
   if (engines_.empty()) return std::string("default");
-  const bool agree = std::all_of(engines_.begin(), engines_.end(), [this](const Known& known) {
-    return known.version == engines_.front().version;
-  });
-  if (agree) return engines_.front().version;
+  const std::string& first = engines_.front().version.value;
+  const bool agree = std::all_of(engines_.begin(), engines_.end(),
+                                 [&](const Engine& known) { return known.version.value == first; });
+  if (agree) return first;
   std::string seen;  // built only for the error: reads call this on every request
   for (std::size_t rank = 0; rank < engines_.size(); ++rank) {
     if (!seen.empty()) seen += ", ";
-    seen += "rank " + std::to_string(rank) + " '" + engines_[rank].version + "'";
+    seen += "rank " + std::to_string(rank) + " '" + engines_[rank].version.value + "'";
   }
   return tl::unexpected("engines disagree on the weight version: " + seen);
 }
 
 bool KnownState::paused() const {
   std::lock_guard lock(mutex_);
-  for (const Known& known : engines_) {
-    if (known.paused) return true;
-  }
-  return false;
+  return std::any_of(engines_.begin(), engines_.end(),
+                     [](const Engine& known) { return known.paused.value; });
 }
 
 }  // namespace vllmd::api

@@ -132,17 +132,19 @@ void WeightSyncService::fan_out(std::string operation_name, std::string metric,
   // In flight first: readers then never see a value both uncertain and without a call to
   // wait behind (answers_at_once relies on it).
   ++calls_in_flight_;
+  const std::uint64_t sequence = known_.next_sequence();
   // Until this call succeeds, nobody knows what the engines hold.
-  if (engine_method == "set_weight_version") known_.forget_version();
+  if (engine_method == "set_weight_version") known_.changing_version(sequence);
   if (engine_method == "pause_scheduler" || engine_method == "resume_scheduler") {
-    known_.forget_paused();
+    known_.changing_paused(sequence);
   }
   engines_.call_all_async(
       engine_method, args, options,
-      [this, started, operation_name = std::move(operation_name), metric = std::move(metric),
-       then = std::move(then)](std::vector<EngineReply> replies) {
+      [this, started, sequence, operation_name = std::move(operation_name),
+       metric = std::move(metric), then = std::move(then)](std::vector<EngineReply> replies) {
         --calls_in_flight_;
         FanOut result;
+        result.sequence = sequence;
         result.replies = std::move(replies);
         result.seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -264,7 +266,7 @@ void WeightSyncService::set_version(const std::string& version, double seconds_b
           [this, version, seconds_before, done](FanOut set) {
             const double seconds = seconds_before + set.seconds;
             if (set.error) return done(error_response(*set.error, seconds));
-            known_.set_version_all(version);
+            known_.set_version_all(set.sequence, version);
             Response response;
             response.engine_seconds = seconds;
             done(std::move(response));
@@ -297,7 +299,10 @@ Response WeightSyncService::handle_without_waiting(const Route& route, const Que
     case Operation::kVersion: return version();
     case Operation::kWorldSize: return world_size(query);
     case Operation::kWeightInfo:
-    case Operation::kIsPaused: sync_known(); return known_answer(route);
+    case Operation::kIsPaused:
+      if (auto unready = not_ready()) return error_response(*unready);
+      sync_known();
+      return known_answer(route);
     default: return error_response(server_error("internal error: not a read of known state"));
   }
 }
@@ -318,6 +323,8 @@ void WeightSyncService::read(const Route& route, Done done) {
   // would wait for the update. Answer from what the engines last told us instead, and
   // whenever that is certain (no call that changes it has been made since, or failed): a
   // round trip would return the same.
+  // Without every engine attached there is no state to report (nor anyone to ask).
+  if (auto unready = not_ready()) return done(error_response(*unready));
   sync_known();
   const bool certain = is_version ? known_.version_certain() : known_.paused_certain();
   if (certain || calls_in_flight_.load() > 0) return done(known_answer(route));
@@ -330,7 +337,9 @@ void WeightSyncService::read(const Route& route, Done done) {
             if (is_version) {
               auto agreed = agreed_version(call.replies);
               if (!agreed) return done(error_response(agreed.error(), call.seconds));
-              for (const EngineReply& reply : call.replies) known_.set_version(reply.rank, *agreed);
+              for (const EngineReply& reply : call.replies) {
+                known_.set_version(reply.rank, call.sequence, *agreed);
+              }
               response.body = "{\"weight_version\":" + wire::json_string(*agreed) + "}";
               return done(std::move(response));
             }
@@ -344,7 +353,7 @@ void WeightSyncService::read(const Route& route, Done done) {
                     call.seconds));
               }
               paused = paused || *value;
-              known_.set_paused(reply.rank, *value);
+              known_.set_paused(reply.rank, call.sequence, *value);
             }
             response.body = std::string("{\"is_paused\":") + (paused ? "true" : "false") + "}";
             done(std::move(response));
@@ -366,7 +375,7 @@ void WeightSyncService::scheduler(const Route& route, const Query& query, Done d
   fan_out(std::string(route.engine_method), "", std::string(route.engine_method), {args},
           call_options, [this, pause, done](FanOut call) {
             if (call.error) return done(error_response(*call.error, call.seconds));
-            known_.set_paused_all(pause);
+            known_.set_paused_all(call.sequence, pause);
             Response response;
             response.engine_seconds = call.seconds;
             response.body = pause ? R"({"status":"paused"})" : R"({"status":"resumed"})";
@@ -374,7 +383,9 @@ void WeightSyncService::scheduler(const Route& route, const Query& query, Done d
           });
 }
 
-Response WeightSyncService::health() const {
+// 503 naming every engine that is not ready, or nothing when all are.
+std::optional<ApiError> WeightSyncService::not_ready() const {
+  if (engines_.all_ready()) return std::nullopt;  // no copy of the engines on the read path
   std::string problems;
   for (const auto& engine : engines_.engines()) {
     if (engine.state == engine::EngineState::kReady) continue;
@@ -383,8 +394,13 @@ Response WeightSyncService::health() const {
                 std::string(engine::state_name(engine.state));
     if (!engine.reason.empty()) problems += " (" + engine.reason + ")";
   }
-  if (problems.empty()) return {200, ""};
-  return error_response(engine_unavailable(problems));
+  if (problems.empty()) return std::nullopt;
+  return engine_unavailable(problems);
+}
+
+Response WeightSyncService::health() const {
+  if (auto unready = not_ready()) return error_response(*unready);
+  return {200, ""};
 }
 
 Response WeightSyncService::version() const {

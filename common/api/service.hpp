@@ -75,12 +75,14 @@ class WeightSyncService {
   void scheduler(const Route& route, const Query& query, Done done);
   Response known_answer(const Route& route);
   void sync_known();
+  std::optional<ApiError> not_ready() const;
   Response health() const;
   Response version() const;
   Response world_size(const Query& query) const;
 
   // Runs one UTILITY method on every engine; `then` gets the replies and the error summary.
   struct FanOut {
+    std::uint64_t sequence = 0;  // known state: what it established dates from then
     std::optional<ApiError> error;
     std::vector<engine::EngineReply> replies;
     double seconds = 0;

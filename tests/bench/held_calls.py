@@ -119,8 +119,12 @@ def main():
 
         began = time.monotonic()
         sockets = open_waiting(port, args.connections)
-        wait_for(lambda: metric(port, "vllmd_engine_calls_pending") >= args.connections,
-                 args.hold, f"{args.connections} engine calls pending")
+        try:
+            wait_for(lambda: metric(port, "vllmd_engine_calls_pending") >= args.connections,
+                     args.hold / 2, f"{args.connections} engine calls pending")
+        except RuntimeError:  # a server that cannot hold them all: measured as it is
+            print(f"  only {metric(port, 'vllmd_engine_calls_pending'):.0f} engine calls "
+                  f"pending after {args.hold / 2:g} s", file=sys.stderr)
         setup = time.monotonic() - began
         waiting_threads = threads_of(vllmd.pid)
         busy = metric(port, "vllmd_http_connections_busy")
@@ -151,6 +155,8 @@ def main():
               f"{health.get('requests')} requests, p50 {health['latency_ms']['p50']:.3f} ms, "
               f"p99 {health['latency_ms']['p99']:.3f} ms")
         print(f"  answered 200 once released: {answered} of {args.connections}")
+        if still_waiting < args.connections:
+            print(f"  (only {still_waiting:.0f} were waiting on the engine)")
         if args.json:
             with open(args.json, "w", encoding="utf-8") as handle:
                 json.dump(figures, handle, indent=1)
