@@ -39,6 +39,7 @@ struct Flags {
   std::vector<std::string> send_dead;
   std::string record;
   std::string log_level = "info";
+  double delay_ready = 0;  // seconds
 };
 
 // Splits METHOD=SECONDS; false when malformed.
@@ -135,6 +136,11 @@ void define_flags(CLI::App& app, Flags& flags) {
   app.add_flag("--ready-first", options.faults.ready_before_registration,
                "Send READY before the registration frame")
       ->group(faults);
+  app.add_option("--delay-ready", flags.delay_ready,
+                 "Wait SECONDS after INIT before registering and sending READY (a model load)")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->group(faults);
 }
 
 // Appends each received call to a file as one JSON line, flushed at once so a test can read
@@ -184,6 +190,7 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   options.faults.exit_silently.insert(flags.exit_silently.begin(), flags.exit_silently.end());
   options.faults.send_dead.insert(flags.send_dead.begin(), flags.send_dead.end());
   options.faults.garbage.insert(flags.garbage.begin(), flags.garbage.end());
+  options.faults.delay_ready = std::chrono::milliseconds(std::llround(flags.delay_ready * 1000));
   for (const std::string& text : flags.delay) {
     std::string method;
     std::chrono::milliseconds delay{};

@@ -185,6 +185,10 @@ class Session {
       log::warning(prefix_, "INIT lists ", init->inputs.size(),
                    " input/output pairs; using only the first");
     }
+    if (faults_.delay_ready.count() > 0) {
+      log::info(prefix_, "injected delay of ", faults_.delay_ready.count(), " ms before READY");
+      if (!sleep_(faults_.delay_ready)) return false;
+    }
     input_ = open(zmq::socket_type::dealer, init->inputs.front());
     output_ = open(zmq::socket_type::push, init->outputs.front());
 

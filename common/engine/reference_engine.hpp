@@ -32,6 +32,8 @@ struct Faults {
   int reply_fields = 5;             // EngineCoreOutputs length; 8 is the other form in the wild
   bool empty_registration = false;  // behave like an older engine
   bool ready_before_registration = false;
+  // After INIT, before registration and READY: a model load that takes this long.
+  std::chrono::milliseconds delay_ready{0};
 };
 
 // One UTILITY call as the engine received it, for tests and --record.
