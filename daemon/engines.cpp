@@ -45,7 +45,9 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
   options.handshake_address = config.handshake_address;
   options.advertised_host = config.advertised_host;
   options.data_parallel_size = config.data_parallel_size;
-  options.ready_timeout = millis(config.ready_timeout);
+  options.startup_timeout = millis(config.startup_timeout);
+  options.probe_interval = millis(config.probe_interval);
+  options.probe_timeout = millis(config.query_timeout);
   auto client = engine::EngineClient::create(options);
   if (!client) return tl::unexpected(client.error());
   engines->client_ = std::move(*client);
