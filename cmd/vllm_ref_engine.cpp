@@ -41,6 +41,7 @@ struct Flags {
   std::vector<std::string> send_dead;
   std::string record;
   std::string log_level = "info";
+  double delay_ready = 0;  // seconds
 };
 
 std::chrono::milliseconds millis(double seconds) {
@@ -183,6 +184,11 @@ void define_flags(CLI::App& app, Flags& flags) {
   app.add_flag("--ready-first", options.faults.ready_before_registration,
                "Send READY before the registration frame")
       ->group(faults);
+  app.add_option("--delay-ready", flags.delay_ready,
+                 "Wait SECONDS after INIT before registering and sending READY (a model load)")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->group(faults);
 }
 
 // Appends each received call to a file as one JSON line (and the DP group, once formed),
@@ -253,6 +259,7 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   add_method_seconds(options.faults.delay, flags.delay);
   add_method_seconds(options.faults.hold, flags.hold);
   options.dp_group_timeout = millis(flags.dp_group_timeout);
+  options.faults.delay_ready = millis(flags.delay_ready);
   if (!flags.record.empty()) {
     std::FILE* file = std::fopen(flags.record.c_str(), "a");
     if (file == nullptr) {

@@ -59,6 +59,11 @@ std::optional<std::string> positive(double value) {
   return std::nullopt;
 }
 
+std::optional<std::string> non_negative(double value) {
+  if (!(value >= 0)) return std::string("must be 0 (none) or a positive number of seconds");
+  return std::nullopt;
+}
+
 // The settings table. Flags and variables are part of the interface (product.md).
 const std::vector<Setting>& settings() {
   static const std::vector<Setting> table = {
@@ -251,13 +256,21 @@ const std::vector<Setting>& settings() {
          return positive(c.query_timeout);
        },
        [](const Config& c) -> Value { return c.query_timeout; }},
-      {"engine.ready_timeout", "", "VLLMD_READY_TIMEOUT", Kind::kDouble,
-       "seconds from HELLO to READY (model load)",
+      {"engine.startup_timeout", "--engine-startup-timeout", "VLLMD_ENGINE_STARTUP_TIMEOUT",
+       Kind::kDouble, "seconds from HELLO to READY (the model load) before an engine reads as dead "
+       "(a later READY is still admitted); 0: no limit",
        [](Config& c, const Value& v) {
-         c.ready_timeout = as<double>(v);
-         return positive(c.ready_timeout);
+         c.startup_timeout = as<double>(v);
+         return non_negative(c.startup_timeout);
        },
-       [](const Config& c) -> Value { return c.ready_timeout; }},
+       [](const Config& c) -> Value { return c.startup_timeout; }},
+      {"engine.probe_interval", "", "VLLMD_ENGINE_PROBE_INTERVAL", Kind::kDouble,
+       "seconds between liveness probes of an idle engine; 0: none",
+       [](Config& c, const Value& v) {
+         c.probe_interval = as<double>(v);
+         return non_negative(c.probe_interval);
+       },
+       [](const Config& c) -> Value { return c.probe_interval; }},
       {"engine.world_size", "", "VLLMD_WORLD_SIZE", Kind::kInt,
        "world size per engine when its registration is empty",
        [](Config& c, const Value& v) {

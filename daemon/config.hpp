@@ -44,7 +44,8 @@ struct Config {
   std::vector<std::string> command;  // managed: argv, {handshake_address} etc. filled in
   double call_timeout = 1800;        // lifecycle calls (NCCL init/update block for minutes)
   double query_timeout = 10;
-  double ready_timeout = 600;        // HELLO -> READY: model load
+  double startup_timeout = 0;        // HELLO -> READY (model load); 0: none
+  double probe_interval = 10;        // liveness probe of an idle engine; 0: off
   std::int64_t world_size = 1;       // for engines that send an empty registration
   std::string backend = "nccl";      // embedded reference engine
   int tensor_parallel_size = 1;      // embedded reference engine

@@ -45,7 +45,9 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
   options.handshake_address = config.handshake_address;
   options.advertised_host = config.advertised_host;
   options.data_parallel_size = config.data_parallel_size;
-  options.ready_timeout = millis(config.ready_timeout);
+  options.startup_timeout = millis(config.startup_timeout);
+  options.probe_interval = millis(config.probe_interval);
+  options.probe_timeout = millis(config.query_timeout);
   auto client = engine::EngineClient::create(options);
   if (!client) return tl::unexpected(client.error());
   engines->client_ = std::move(*client);
@@ -89,12 +91,18 @@ tl::expected<void, std::string> Engines::spawn_managed(const Config& config) {
     managed_exited_.store(true);
     if (reaped != pid) return;
     if (stopping_.load()) return;
+    std::string how;
     if (WIFEXITED(status)) {
-      log::error("managed engine process ", pid, " exited with status ", WEXITSTATUS(status),
-                 "; weight-sync routes answer 503 until an engine attaches again");
+      how = "exited with status " + std::to_string(WEXITSTATUS(status));
     } else if (WIFSIGNALED(status)) {
-      log::error("managed engine process ", pid, " was killed by signal ", WTERMSIG(status),
-                 "; weight-sync routes answer 503 until an engine attaches again");
+      how = "was killed by signal " + std::to_string(WTERMSIG(status));
+    }
+    if (how.empty()) return;
+    log::error("managed engine process ", pid, " ", how,
+               "; weight-sync routes answer 503 until an engine attaches again");
+    // Its connections may linger a moment, or the process had loaded no engine yet: dead now.
+    for (int rank = 0; rank < client_->data_parallel_size(); ++rank) {
+      client_->mark_dead(rank, "managed engine process " + how);
     }
   });
   return {};

@@ -57,12 +57,16 @@ std::string Notifier::engines_status() const {
       ++ready;
       continue;
     }
-    waiting += (waiting.empty() ? "" : ", ") + std::string("rank ") + std::to_string(engine.rank) +
-               " " + std::string(engine::state_name(engine.state));
+    // "waiting for rank 0", "rank 1 loading", "rank 2 disconnected", ...
+    const std::string rank = "rank " + std::to_string(engine.rank);
+    waiting += (waiting.empty() ? "" : ", ") +
+               (engine.state == engine::EngineState::kWaiting
+                    ? "waiting for " + rank
+                    : rank + " " + std::string(engine::state_name(engine.state)));
   }
   std::string status = std::to_string(ready) + "/" + std::to_string(engines.size()) +
                        " engine(s) attached";
-  if (!waiting.empty()) status += "; waiting for " + waiting;
+  if (!waiting.empty()) status += "; " + waiting;
   return status;
 }
 

@@ -15,8 +15,9 @@ namespace vllmd::engine {
 std::string_view state_name(EngineState state) {
   switch (state) {
     case EngineState::kWaiting: return "waiting";
-    case EngineState::kHandshaking: return "handshaking";
+    case EngineState::kHandshaking: return "loading";
     case EngineState::kReady: return "ready";
+    case EngineState::kDisconnected: return "disconnected";
     case EngineState::kDead: return "dead";
   }
   return "unknown";
@@ -66,9 +67,9 @@ zmq::socket_t make_socket(zmq::context_t& context, zmq::socket_type type,
 }
 
 // Watches a socket's connections so a dropped engine is noticed at once.
-zmq::socket_t watch(zmq::context_t& context, zmq::socket_t& socket, const std::string& name) {
-  if (zmq_socket_monitor(socket.handle(), name.c_str(),
-                         ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+zmq::socket_t watch(zmq::context_t& context, zmq::socket_t& socket, const std::string& name,
+                    int events) {
+  if (zmq_socket_monitor(socket.handle(), name.c_str(), events) != 0) {
     throw zmq::error_t();
   }
   zmq::socket_t monitor(context, zmq::socket_type::pair);
@@ -111,13 +112,17 @@ tl::expected<std::unique_ptr<EngineClient>, std::string> EngineClient::create(
     io.input = make_socket(io.context, zmq::socket_type::router, plan->input_bind);
     io.input.set(zmq::sockopt::router_mandatory, 1);
     io.input.set(zmq::sockopt::router_handover, 1);  // a restarted engine takes over its identity
-    io.input_monitor = watch(io.context, io.input, "inproc://vllmd-input-monitor-" + tag);
+    // A reconnected engine is routable once its ZeroMQ handshake succeeded: probe it then.
+    io.input_monitor =
+        watch(io.context, io.input, "inproc://vllmd-input-monitor-" + tag,
+              ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED);
     bind_or_throw(io.input, plan->input_bind, "input");
     io.handshake = make_socket(io.context, zmq::socket_type::router, io.options.handshake_address);
     io.handshake.set(zmq::sockopt::router_mandatory, 1);
     io.handshake.set(zmq::sockopt::router_handover, 1);
     io.handshake_monitor =
-        watch(io.context, io.handshake, "inproc://vllmd-handshake-monitor-" + tag);
+        watch(io.context, io.handshake, "inproc://vllmd-handshake-monitor-" + tag,
+              ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED);
     bind_or_throw(io.handshake, io.options.handshake_address, "handshake");
 
     io.handshake_endpoint = io.handshake.get(zmq::sockopt::last_endpoint);
@@ -181,6 +186,27 @@ void EngineClient::Impl::submit(Submission submission) {
   }
   // The IO thread is gone: nobody else will ever answer these calls.
   fail_submission(submission, "engine client is shutting down");
+}
+
+void EngineClient::Impl::run_on_io_thread(std::function<void()> command) {
+  std::lock_guard lock(queue_mutex);
+  if (queue_closed) return;  // nothing left to change
+  commands.push_back(std::move(command));
+  wake();
+}
+
+void EngineClient::set_state_listener(StateListener listener) {
+  auto shared = listener ? std::make_shared<const StateListener>(std::move(listener)) : nullptr;
+  std::lock_guard lock(impl_->listener_mutex);
+  impl_->state_listener = std::move(shared);
+}
+
+void EngineClient::mark_dead(int rank, std::string reason) {
+  if (rank < 0 || rank >= impl_->options.data_parallel_size) return;
+  Impl& io = *impl_;
+  io.run_on_io_thread([&io, rank, reason = std::move(reason)] {
+    io.mark_dead(io.engines[static_cast<std::size_t>(rank)], reason);
+  });
 }
 
 const std::string& EngineClient::handshake_endpoint() const { return impl_->handshake_endpoint; }

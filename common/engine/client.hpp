@@ -3,10 +3,15 @@
 // (one per DP rank), and runs UTILITY calls on one engine or fanned out to all of them.
 //
 // One IO thread owns every socket. Callers on any thread build their frames, hand them over
-// through a queue, and block until each engine answers, fails, dies or times out. Liveness:
-// ENGINE_CORE_DEAD, a dropped connection (socket monitor) and a timed-out lifecycle call mark
-// an engine dead, which fails its pending calls at once. A restarted engine that says HELLO
-// again under the same identity is handshaken and admitted again.
+// through a queue, and block until each engine answers, fails, dies or times out.
+//
+// Liveness. An engine is dead after ENGINE_CORE_DEAD, after mark_dead() (a managed engine
+// process that exited), and after a timed-out lifecycle call or liveness probe; a timed-out
+// engine is alive again as soon as it answers. A new HELLO under its identity is a restart:
+// handshaken and admitted again, as a new incarnation. A dropped input connection makes an
+// engine only disconnected: ZeroMQ reconnects it under the same identity, and it is ready
+// again once a probe answers. There is no deadline from HELLO to READY (the model load)
+// unless startup_timeout is set, and even then a late READY is admitted.
 
 #include <chrono>
 #include <cstdint>
@@ -15,21 +20,28 @@
 #include <string>
 #include <string_view>
 #include <tl/expected.hpp>
+#include <utility>
 #include <vector>
 
 #include "common/wire/messages.hpp"
 
 namespace vllmd::engine {
 
-enum class EngineState { kWaiting, kHandshaking, kReady, kDead };
+// kHandshaking: HELLO seen, the model is loading until READY and registration (named
+// "loading"). kDisconnected: admitted, but its input connection dropped; calls fail at once.
+enum class EngineState { kWaiting, kHandshaking, kReady, kDisconnected, kDead };
+// "waiting", "loading", "ready", "disconnected", "dead".
 std::string_view state_name(EngineState state);
 
 struct EngineStatus {
   int rank = 0;
   EngineState state = EngineState::kWaiting;
   wire::Registration registration;  // from the latest admission
-  std::string reason;               // why it is dead, when it is
+  std::string reason;               // why it is not ready, when that says more than the state
   std::uint64_t admissions = 0;     // 1 after the first handshake, 2 after a restart, ...
+  // Which process of this rank it is: equal to admissions. A reconnect or a revival after a
+  // timeout is the same incarnation; a restart (a new HELLO) is the next one.
+  std::uint64_t incarnation = 0;
 };
 
 struct ClientOptions {
@@ -43,8 +55,15 @@ struct ClientOptions {
   std::string input_address;
   std::string output_address;
   int data_parallel_size = 1;
-  // From HELLO to READY + registration: the engine loads its model in between.
-  std::chrono::milliseconds ready_timeout = std::chrono::minutes(10);
+  // From HELLO to READY + registration (the model load, which can take well over ten
+  // minutes); 0: no limit. Past it the engine reads as dead, but a READY and registration
+  // that still come are admitted.
+  std::chrono::milliseconds startup_timeout{0};
+  // A ready engine with no call in flight is asked is_scheduler_paused this often; 0: never.
+  // Probes are internal: never reported to callers, not counted in pending_calls().
+  std::chrono::milliseconds probe_interval = std::chrono::seconds(10);
+  // A probe not answered in time marks the engine dead until it answers.
+  std::chrono::milliseconds probe_timeout = std::chrono::seconds(10);
   wire::DecodeLimits reply_limits;
   // Told on the IO thread whenever an engine changes state; keep it quick.
   std::function<void(const EngineStatus&)> on_state_change;
@@ -68,10 +87,22 @@ struct EngineReply {
 };
 
 struct CallOptions {
-  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  // A constructor rather than an aggregate, so `CallOptions{timeout, marks_dead}` stays
+  // warning-free (-Wmissing-field-initializers) now that the options have grown.
+  CallOptions(std::chrono::milliseconds call_timeout = std::chrono::seconds(30),
+              bool marks_dead = false, std::vector<std::uint64_t> expected_incarnations = {})
+      : timeout(call_timeout),
+        timeout_marks_dead(marks_dead),
+        incarnations(std::move(expected_incarnations)) {}
+
+  std::chrono::milliseconds timeout;
   // A lifecycle call that times out leaves the engine in an unknown state: mark it dead until
   // it answers again. A read-only query that times out just fails.
-  bool timeout_marks_dead = false;
+  bool timeout_marks_dead;
+  // The incarnation each rank must still be in, indexed by rank (empty, a missing entry or
+  // 0: any). A call to a rank re-admitted since fails at once as unavailable ("engine rank R
+  // restarted (incarnation A, now B)") and never reaches the new process.
+  std::vector<std::uint64_t> incarnations;
 };
 
 struct Batch;
@@ -97,8 +128,18 @@ class EngineClient {
   bool wait_all_ready(std::chrono::milliseconds timeout) const;
   // Admissions of all engines so far: it changes whenever an engine (re)joins.
   std::uint64_t admissions() const;
-  // Calls sent and not yet answered, failed or expired (as of the IO thread's last round).
+  // Calls sent and not yet answered, failed or expired (as of the IO thread's last round);
+  // liveness probes are not counted.
   std::size_t pending_calls() const;
+
+  // Told on the IO thread after every state change (after ClientOptions::on_state_change).
+  // May be set, replaced or cleared (nullptr) at any time from any thread. Keep it quick; it
+  // may submit asynchronous calls but must never make a blocking one on this client.
+  using StateListener = std::function<void(const EngineStatus&)>;
+  void set_state_listener(StateListener listener);
+  // Marks an engine dead from outside (its process is known to have exited): its pending
+  // calls fail at once. Thread-safe; takes effect on the IO thread.
+  void mark_dead(int rank, std::string reason);
 
   // `args` is one msgpack array, spliced into the UTILITY payload unchanged. It may come in
   // pieces (a header and a large value still sitting in the transcoded request body): they

@@ -7,6 +7,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <zmq.hpp>
@@ -48,7 +50,7 @@ struct Submission {
 void fail_submission(Submission& submission, const std::string& message);
 
 struct PendingCall {
-  std::shared_ptr<Batch> batch;
+  std::shared_ptr<Batch> batch;  // null for a probe, which no caller waits for
   std::size_t index = 0;
   int rank = 0;
   std::string method;
@@ -56,18 +58,73 @@ struct PendingCall {
   Clock::time_point deadline;
 };
 
+constexpr std::size_t kDrainBatch = 256;  // messages per socket per round, for fairness
+
+// Receives one multipart message without blocking; extra frames beyond `frames` are dropped.
+inline bool receive(zmq::socket_t& socket, std::vector<zmq::message_t>& parts,
+                    std::size_t frames) {
+  parts.clear();
+  zmq::message_t part;
+  if (!socket.recv(part, zmq::recv_flags::dontwait)) return false;
+  for (;;) {
+    const bool more = part.more();
+    if (parts.size() < frames) parts.push_back(std::move(part));
+    if (!more) return true;
+    part = zmq::message_t();
+    (void)socket.recv(part);  // the rest of a multipart message is already here
+  }
+}
+
+// The connection a message came in on (ZMQ_SRCFD), or -1 when libzmq does not know it.
+inline int source_fd(const zmq::message_t& message) {
+  return zmq_msg_get(const_cast<zmq_msg_t*>(message.handle()), ZMQ_SRCFD);
+}
+
+inline std::string_view view(const zmq::message_t& message) {
+  return {static_cast<const char*>(message.data()), message.size()};
+}
+
+// Utility outputs no call asked for: elastic EP notifications (-1) and fault-tolerance
+// status (-2) (wire-audit.md section 3). They are not replies and must never be taken for one.
+bool is_unsolicited(const wire::CallId& call_id);
+
+// Which of the two monitored sockets a connection event is about.
+enum class Link { kHandshake, kInput };
+
 // One engine slot (a DP rank) as the IO thread tracks it across restarts.
 struct EngineSlot {
   EngineStatus status;
   std::string identity;
   bool got_ready = false;
   bool got_registration = false;
-  Clock::time_point ready_deadline;
+  Clock::time_point startup_deadline = Clock::time_point::max();
+  bool startup_timed_out = false;  // dead for it, yet a late READY is still admitted
+  bool input_lost = false;         // its input connection dropped before it was admitted
   int handshake_fd = -1;  // connection fds (ZMQ_SRCFD) tie monitor events to engines
   int input_fd = -1;
   int output_fd = -1;
   bool dead_by_timeout = false;
   std::deque<std::uint64_t> timed_out_calls;  // a late reply to one of these revives the engine
+  std::size_t calls_in_flight = 0;            // callers' calls, not probes
+  std::size_t probes_in_flight = 0;
+  Clock::time_point next_probe = Clock::time_point::max();
+};
+
+// Sets a flag for a scope, unless it is already set: the drains and event handlers below
+// call one another but must never re-enter themselves.
+class Reentry {
+ public:
+  explicit Reentry(bool& flag) : flag_(flag), entered_(!flag) { flag_ = true; }
+  ~Reentry() {
+    if (entered_) flag_ = false;
+  }
+  Reentry(const Reentry&) = delete;
+  Reentry& operator=(const Reentry&) = delete;
+  bool entered() const { return entered_; }
+
+ private:
+  bool& flag_;
+  bool entered_;
 };
 
 struct EngineClient::Impl {
@@ -94,42 +151,79 @@ struct EngineClient::Impl {
   std::vector<EngineSlot> engines;
   std::atomic<std::uint64_t> admissions_total{0};  // the engines' admissions, summed
 
+  std::mutex listener_mutex;
+  std::shared_ptr<const StateListener> state_listener;  // copied out, then called unlocked
+
   std::mutex queue_mutex;
   std::deque<Submission> queue;
+  std::deque<std::function<void()>> commands;  // for the IO thread (mark_dead)
   bool queue_closed = false;  // the IO thread has stopped taking submissions
 
   // IO thread only.
   std::unordered_map<std::uint64_t, PendingCall> pending;
-  std::atomic<std::size_t> pending_count{0};  // pending.size() after each IO round, for all
+  std::size_t probes_pending = 0;
+  std::atomic<std::size_t> pending_count{0};  // callers' pending calls after each IO round
+  // Input connections accepted, still open, that no engine is known to use: after a
+  // reconnect, when only one is left, it is the reconnected engine's.
+  std::set<int> fresh_input_fds;
+  bool draining_handshake = false;  // Reentry flags
+  bool draining_input = false;
+  bool reading_handshake_events = false;
+  bool reading_input_events = false;
 
   std::mutex close_mutex;
 
   ~Impl();
   void close();
   void submit(Submission submission);
+  void run_on_io_thread(std::function<void()> command);
   void wake();
 
-  // The IO thread (client_io.cpp).
+  // The IO thread: calls and replies (client_io.cpp).
   void run();
   void take_submissions();
   void send_call(const Submission& submission, OutgoingCall& call);
+  std::optional<std::string> refusal(const EngineSlot& engine, const CallOptions& call) const;
+  int send_utility(EngineSlot& engine, zmq::message_t& payload);
+  void add_pending(std::uint64_t call_id, PendingCall call);
+  PendingCall take_pending(std::unordered_map<std::uint64_t, PendingCall>::iterator found);
   void drain_output();
+  void on_core_dead(int fd);
+  void on_reply(const wire::EngineCoreOutputs& outputs, int fd);
+  void on_late_reply(std::uint64_t call_id);
+  void fail_pending(int rank, CallErrorKind kind, const std::string& message);
+  void expire(Clock::time_point now);
+  int poll_timeout_ms(Clock::time_point now) const;
+  void shut_down();
+
+  // Handshakes and connection events (client_handshake.cpp).
   void drain_input();
   void drain_handshake();
-  void drain_monitor(zmq::socket_t& monitor, bool is_input);
+  void read_events(Link link);
+  void on_connection_event(Link link, std::uint16_t event, int fd);
+  void on_input_dropped(int fd);
+  void on_handshake_dropped(int fd);
+  EngineSlot* slot_for_identity(std::string_view identity);
+  EngineSlot* slot_with(int EngineSlot::*field, int fd);
   int unique_fd(int fd, int EngineSlot::*field, const EngineSlot& engine) const;
   void on_hello(EngineSlot& engine, int fd);
   void on_ready(EngineSlot& engine);
   void on_registration(EngineSlot& engine, std::string_view frame, int fd);
-  void on_reply(const wire::EngineCoreOutputs& outputs, int fd);
   void admit_if_complete(EngineSlot& engine);
+  void expire_startups(Clock::time_point now);
+
+  // States and probes (client_liveness.cpp).
   void set_state(EngineSlot& engine, EngineState state, std::string reason);
   void mark_dead(EngineSlot& engine, const std::string& reason, bool by_timeout = false);
-  void fail_pending(int rank, CallErrorKind kind, const std::string& message);
-  void expire(Clock::time_point now);
-  int poll_timeout_ms(Clock::time_point now) const;
-  EngineSlot* slot_for_identity(std::string_view identity);
-  void shut_down();
+  void mark_disconnected(EngineSlot& engine, const std::string& reason);
+  void revive(EngineSlot& engine, std::string_view why);
+  void drop_probes(int rank);
+  bool wants_probe(const EngineSlot& engine) const;  // as soon as next_probe comes
+  void send_probes(Clock::time_point now);
+  void send_probe(EngineSlot& engine, Clock::time_point now);
+  void on_probe_answer(EngineSlot& engine);
+  void on_probe_timeout(EngineSlot& engine);
+  void claim_fresh_input_fd(EngineSlot& engine);
 };
 
 }  // namespace vllmd::engine

@@ -210,6 +210,10 @@ class Session {
         !form_dp_group(wire::decode_init_data_parallel_master(view(frames->front())))) {
       return false;
     }
+    if (faults_.delay_ready.count() > 0) {  // the model load
+      log::info(prefix_, "injected delay of ", faults_.delay_ready.count(), " ms before READY");
+      if (!sleep_(faults_.delay_ready)) return false;
+    }
     input_ = open(zmq::socket_type::dealer, init->inputs.front());
     output_ = open(zmq::socket_type::push, init->outputs.front());
 

@@ -35,6 +35,8 @@ struct Faults {
   int reply_fields = 8;  // EngineCoreOutputs length: 8 as msgspec writes it; 5 as older peers
   bool empty_registration = false;  // behave like an older engine
   bool ready_before_registration = false;
+  // After INIT, before registration and READY: a model load that takes this long.
+  std::chrono::milliseconds delay_ready{0};
 };
 
 // One UTILITY call as the engine received it, for tests and --record.

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <thread>
@@ -166,7 +167,8 @@ TEST_CASE("DP=2 TP=2: handshake, fanned-out lifecycle, failures, death and resta
     REQUIRE(pending);
     REQUIRE_FALSE(pending->value);
     CHECK(pending->value.error().kind == CallErrorKind::kUnavailable);
-    CHECK(client->engines()[1].state == EngineState::kDead);
+    // Its connection dropped: disconnected (ZeroMQ might reconnect it) until a restart.
+    CHECK(client->engines()[1].state == EngineState::kDisconnected);
     CHECK_FALSE(client->all_ready());
 
     // Calls to the dead engine fail at once; the live one keeps working.
@@ -282,4 +284,37 @@ TEST_CASE("calls to an engine that never connected fail at once as unavailable")
   REQUIRE_FALSE(reply.value);
   CHECK(reply.value.error().kind == CallErrorKind::kUnavailable);
   CHECK(reply.value.error().message.find("waiting") != std::string::npos);
+}
+
+TEST_CASE("a TCP client probing the handshake port is never taken for the engine") {
+  // libzmq gives the engine's handshake connection the fd the prober's connection just freed.
+  // With the IO thread busy meanwhile, the prober's DISCONNECTED event and the engine's HELLO
+  // wait for the same round: the event happened first, and must not end the engine's handshake.
+  vllmd::engine::ClientOptions options;
+  auto created = EngineClient::create(options);
+  REQUIRE(created);
+  auto& client = *created;
+  const std::string& endpoint = client->handshake_endpoint();
+  const std::string port = endpoint.substr(endpoint.rfind(':') + 1);
+
+  // A completion runs on the IO thread: this one keeps it busy until released.
+  std::atomic<bool> busy{false};
+  std::atomic<bool> release{false};
+  client->call_all_async("get_weight_version", args("[]"), kQuick, [&](std::vector<EngineReply>) {
+    busy = true;
+    while (!release) std::this_thread::sleep_for(5ms);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (!busy && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  REQUIRE(busy);
+
+  // Out of process, so that only the accepted side of its connection takes an fd here.
+  ChildProcess prober({"/bin/bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/" + port + "; exec 3<&-"});
+  REQUIRE(prober.wait(5s) == 0);
+  std::this_thread::sleep_for(100ms);  // libzmq's own thread sees the hang-up, frees the fd
+  ChildProcess engine({VLLM_REF_ENGINE_PATH, "--handshake", endpoint, "--rank", "0"});
+  std::this_thread::sleep_for(300ms);  // its HELLO now waits behind the prober's events
+  release = true;
+  CHECK(client->wait_all_ready(10s));
+  CHECK(client->engines()[0].admissions == 1);
 }

@@ -1,0 +1,364 @@
+// EngineClient against an in-test engine made of raw ZeroMQ sockets, so that every frame and
+// every connection drop is the test's to choose: unsolicited utility outputs, the incarnation
+// guard, liveness probes, a dropped and reconnected input connection, the startup timeout.
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "common/engine/client.hpp"
+#include "common/engine/client_impl.hpp"
+#include "common/wire/messages.hpp"
+#include "common/wire/msgpack_to_json.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using vllmd::engine::CallErrorKind;
+using vllmd::engine::CallOptions;
+using vllmd::engine::ClientOptions;
+using vllmd::engine::EngineClient;
+using vllmd::engine::EngineReply;
+using vllmd::engine::EngineState;
+using vllmd::engine::EngineStatus;
+namespace wire = vllmd::wire;
+
+const std::string kNoArgs = "\x90";
+const EngineClient::ArgParts kEmptyArgs = {kNoArgs};
+
+// Polls `predicate` every 5 ms for up to `timeout`.
+bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 5s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!predicate()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+std::unique_ptr<EngineClient> make_client(ClientOptions options = {}) {
+  options.handshake_address = "tcp://127.0.0.1:0";
+  auto client = EngineClient::create(std::move(options));
+  REQUIRE_MESSAGE(client, (client ? "" : client.error()));
+  return std::move(*client);
+}
+
+// The engine side of the protocol, step by step, on its own sockets.
+class FakeEngine {
+ public:
+  explicit FakeEngine(const EngineClient& client)
+      : handshake_address_(client.handshake_endpoint()) {}
+
+  void hello() {
+    handshake_ = dealer(handshake_address_);
+    send(handshake_, wire::encode_handshake_status({"HELLO", false, true}));
+    auto init = wire::decode_init(receive(handshake_, 5s).value());
+    REQUIRE(init);
+    input_address_ = init->inputs.front();
+    output_ = zmq::socket_t(context_, zmq::socket_type::push);
+    output_.set(zmq::sockopt::linger, 0);
+    output_.connect(init->outputs.front());
+  }
+
+  void register_and_ready() {
+    connect_input();
+    wire::Registration registration;
+    registration.empty = false;
+    registration.world_size = 1;
+    send(input_, wire::encode_registration(registration));
+    send(handshake_, wire::encode_handshake_status({"READY", false, true}));
+    handshake_.set(zmq::sockopt::linger, 1000);
+    handshake_.close();  // as vLLM does once READY is out
+  }
+
+  void start() {
+    hello();
+    register_and_ready();
+  }
+
+  // A new input connection under the same identity, as ZeroMQ's reconnect makes.
+  void connect_input() { input_ = dealer(input_address_); }
+  void drop_input() { input_.close(); }
+
+  // The next UTILITY request, if one comes within `timeout`.
+  std::optional<wire::UtilityRequest> next_call(std::chrono::milliseconds timeout) {
+    auto payload = receive(input_, timeout, 2);
+    if (!payload) return std::nullopt;
+    auto request = wire::decode_utility_request(*payload);
+    REQUIRE(request);
+    return *request;
+  }
+
+  void reply(wire::CallId call_id, std::string value_msgpack = "\xc0") {
+    wire::UtilityOutput output;
+    output.call_id = call_id;
+    output.value_msgpack = std::move(value_msgpack);
+    send_output(wire::encode_engine_core_outputs(0, output, 1234.5, 8));
+  }
+
+  void send_output(const std::string& frame) { send(output_, frame); }
+
+ private:
+  zmq::socket_t dealer(const std::string& address) {
+    zmq::socket_t socket(context_, zmq::socket_type::dealer);
+    socket.set(zmq::sockopt::linger, 0);
+    socket.set(zmq::sockopt::routing_id, wire::engine_identity(0));
+    socket.connect(address);
+    return socket;
+  }
+
+  static void send(zmq::socket_t& socket, const std::string& frame) {
+    REQUIRE(socket.send(zmq::buffer(frame), zmq::send_flags::none));
+  }
+
+  // The last of the message's frames (a UTILITY request is [type][payload]).
+  static std::optional<std::string> receive(zmq::socket_t& socket,
+                                            std::chrono::milliseconds timeout,
+                                            std::size_t frames = 1) {
+    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, timeout) == 0) return std::nullopt;
+    std::string last;
+    for (std::size_t i = 0; i < frames; ++i) {
+      zmq::message_t frame;
+      REQUIRE(socket.recv(frame));
+      last = frame.to_string();
+      if (!frame.more()) break;
+    }
+    return last;
+  }
+
+  zmq::context_t context_;
+  std::string handshake_address_;
+  std::string input_address_;
+  zmq::socket_t handshake_;
+  zmq::socket_t input_;
+  zmq::socket_t output_;
+};
+
+// A client with one fake engine attached and ready.
+struct Attached {
+  explicit Attached(ClientOptions options = {})
+      : client(make_client(std::move(options))), engine(*client) {
+    engine.start();
+    REQUIRE(client->wait_all_ready(5s));
+  }
+  std::unique_ptr<EngineClient> client;
+  FakeEngine engine;
+};
+
+// A blocking call on its own thread, so the test can play the engine meanwhile.
+class CallInFlight {
+ public:
+  CallInFlight(EngineClient& client, std::string method, CallOptions options = {5s, false})
+      : thread_([&client, method = std::move(method), options, this] {
+          reply_ = client.call(0, method, kEmptyArgs, options);
+        }) {}
+  ~CallInFlight() {
+    if (thread_.joinable()) thread_.join();
+  }
+  EngineReply result() {
+    thread_.join();
+    return *reply_;
+  }
+
+ private:
+  std::optional<EngineReply> reply_;
+  std::thread thread_;
+};
+
+EngineState state_of(const EngineClient& client) { return client.engines()[0].state; }
+
+wire::CallId signed_id(std::int64_t id) { return {static_cast<std::uint64_t>(id), id < 0}; }
+
+}  // namespace
+
+TEST_CASE("call ids -1 (EEP notification) and -2 (FT status) are unsolicited, others are not") {
+  CHECK(vllmd::engine::is_unsolicited(signed_id(-1)));
+  CHECK(vllmd::engine::is_unsolicited(signed_id(-2)));
+  CHECK_FALSE(vllmd::engine::is_unsolicited(signed_id(-3)));
+  CHECK_FALSE(vllmd::engine::is_unsolicited({1, false}));
+  CHECK_FALSE(vllmd::engine::is_unsolicited({static_cast<std::uint64_t>(-1), false}));  // 2^64-1
+}
+
+TEST_CASE("unsolicited utility outputs are ignored and leave the call waiting for its reply") {
+  Attached link;
+  auto& client = link.client;
+  auto& engine = link.engine;
+
+  CallInFlight call(*client, "get_weight_version");
+  const auto request = engine.next_call(5s);
+  REQUIRE(request);
+  for (const std::int64_t id : {-1, -2}) {
+    wire::UtilityOutput unsolicited;
+    unsolicited.call_id = signed_id(id);
+    unsolicited.failure_message = "not a reply";
+    engine.send_output(wire::encode_engine_core_outputs(0, unsolicited, 1.0, 8));
+    engine.reply(signed_id(id), "\x81\xa5state\xa2ok");  // a status map, as FT sends
+  }
+  engine.reply(request->call_id, "\xa7" "default");
+  const EngineReply reply = call.result();
+  REQUIRE(reply.value);
+  CHECK(vllmd::wire::msgpack_to_json(*reply.value).value() == R"("default")");
+  CHECK(state_of(*client) == EngineState::kReady);
+  CHECK(eventually([&] { return client->pending_calls() == 0; }));
+}
+
+TEST_CASE("a call for a stale incarnation fails at once and never reaches the engine") {
+  auto client = make_client();
+  std::mutex mutex;
+  std::vector<std::pair<EngineState, std::uint64_t>> seen;
+  client->set_state_listener([&](const EngineStatus& status) {
+    std::lock_guard lock(mutex);
+    seen.emplace_back(status.state, status.incarnation);
+  });
+  auto first = std::make_unique<FakeEngine>(*client);
+  first->start();
+  REQUIRE(client->wait_all_ready(5s));
+  CHECK(client->engines()[0].incarnation == 1);
+
+  first.reset();  // the process is gone; a new one says HELLO under the same rank
+  FakeEngine second(*client);
+  second.start();
+  REQUIRE(eventually([&] { return client->engines()[0].incarnation == 2 && client->all_ready(); }));
+
+  const auto started = std::chrono::steady_clock::now();
+  const EngineReply stale = client->call(0, "get_weight_version", kEmptyArgs, {5s, false, {1}});
+  CHECK(std::chrono::steady_clock::now() - started < 500ms);
+  REQUIRE_FALSE(stale.value);
+  CHECK(stale.value.error().kind == CallErrorKind::kUnavailable);
+  CHECK(stale.value.error().message == "engine rank 0 restarted (incarnation 1, now 2)");
+  CHECK_FALSE(second.next_call(300ms));
+
+  CallInFlight current(*client, "get_weight_version", {5s, false, {2}});
+  const auto request = second.next_call(5s);
+  REQUIRE(request);
+  second.reply(request->call_id);
+  CHECK(current.result().value);
+
+  std::lock_guard lock(mutex);
+  REQUIRE(seen.size() >= 4);
+  CHECK(seen.front() == std::pair{EngineState::kHandshaking, std::uint64_t{0}});
+  CHECK(seen.back() == std::pair{EngineState::kReady, std::uint64_t{2}});
+}
+
+TEST_CASE("a liveness probe that times out marks the engine dead; its late answer revives it") {
+  ClientOptions options;
+  options.probe_interval = 100ms;
+  options.probe_timeout = 300ms;
+  Attached link(options);
+  auto& client = link.client;
+  auto& engine = link.engine;
+
+  const auto probe = engine.next_call(2s);
+  REQUIRE(probe);
+  CHECK(probe->method == "is_scheduler_paused");
+  CHECK(probe->args_msgpack == kNoArgs);
+  CHECK(client->pending_calls() == 0);  // probes are not callers' calls
+  REQUIRE(eventually([&] { return state_of(*client) == EngineState::kDead; }));
+  CHECK(client->engines()[0].reason == "not answering: liveness probe timed out after 0.3 s");
+  const EngineReply refused = client->call(0, "get_weight_version", kEmptyArgs, {5s, false});
+  REQUIRE_FALSE(refused.value);
+  CHECK(refused.value.error().message.find("liveness probe timed out") != std::string::npos);
+
+  engine.reply(probe->call_id, "\xc2");
+  CHECK(eventually([&] { return state_of(*client) == EngineState::kReady; }));
+  CHECK(client->engines()[0].incarnation == 1);  // the same process
+}
+
+TEST_CASE("no probe while a call is in flight; probes resume when the engine is idle") {
+  ClientOptions options;
+  options.probe_interval = 100ms;
+  Attached link(options);
+  auto& client = link.client;
+  auto& engine = link.engine;
+
+  CallInFlight call(*client, "get_weight_version");
+  const auto request = engine.next_call(5s);
+  REQUIRE(request);
+  REQUIRE(request->method == "get_weight_version");
+  CHECK(eventually([&] { return client->pending_calls() == 1; }));
+  CHECK_FALSE(engine.next_call(500ms));  // five probe intervals, and no probe
+  engine.reply(request->call_id);
+  CHECK(call.result().value);
+
+  const auto probe = engine.next_call(2s);
+  REQUIRE(probe);
+  CHECK(probe->method == "is_scheduler_paused");
+}
+
+TEST_CASE("a dropped input connection: disconnected, calls fail at once, ready after reconnect") {
+  ClientOptions options;
+  options.probe_interval = 0ms;  // reconnect probes run all the same
+  Attached link(options);
+  auto& client = link.client;
+  auto& engine = link.engine;
+
+  CallInFlight pending(*client, "get_weight_version", {30s, false});
+  REQUIRE(engine.next_call(5s));
+  engine.drop_input();
+  const EngineReply failed = pending.result();
+  REQUIRE_FALSE(failed.value);
+  CHECK(failed.value.error().kind == CallErrorKind::kUnavailable);
+  CHECK(failed.value.error().message.starts_with("engine rank 0 is disconnected"));
+  CHECK(state_of(*client) == EngineState::kDisconnected);
+
+  const auto started = std::chrono::steady_clock::now();
+  const EngineReply refused = client->call(0, "get_weight_version", kEmptyArgs, {5s, false});
+  CHECK(std::chrono::steady_clock::now() - started < 500ms);
+  REQUIRE_FALSE(refused.value);
+  CHECK(refused.value.error().message.starts_with("engine rank 0 is disconnected"));
+
+  engine.connect_input();
+  const auto probe = engine.next_call(3s);
+  REQUIRE(probe);
+  CHECK(probe->method == "is_scheduler_paused");
+  engine.reply(probe->call_id, "\xc2");
+  REQUIRE(eventually([&] { return state_of(*client) == EngineState::kReady; }));
+  const auto status = client->engines()[0];
+  CHECK(status.incarnation == 1);
+  CHECK(status.admissions == 1);
+
+  CallInFlight again(*client, "get_weight_version");
+  auto request = engine.next_call(5s);
+  while (request && request->method == "is_scheduler_paused") request = engine.next_call(5s);
+  REQUIRE(request);
+  engine.reply(request->call_id);
+  CHECK(again.result().value);
+}
+
+TEST_CASE("past the startup timeout an engine reads as dead, and a late READY is admitted") {
+  ClientOptions options;
+  options.startup_timeout = 200ms;
+  auto client = make_client(options);
+  FakeEngine engine(*client);
+  engine.hello();
+  REQUIRE(eventually([&] { return state_of(*client) == EngineState::kHandshaking; }));
+  CHECK(vllmd::engine::state_name(EngineState::kHandshaking) == "loading");
+  REQUIRE(eventually([&] { return state_of(*client) == EngineState::kDead; }));
+  CHECK(client->engines()[0].reason == "no READY within 0.2 s");
+
+  engine.register_and_ready();
+  REQUIRE(client->wait_all_ready(5s));
+  CHECK(client->engines()[0].incarnation == 1);
+}
+
+TEST_CASE("mark_dead from outside fails the engine's pending call") {
+  Attached link;
+  auto& client = link.client;
+  auto& engine = link.engine;
+  CallInFlight pending(*client, "get_weight_version", {30s, false});
+  REQUIRE(engine.next_call(5s));
+  client->mark_dead(0, "managed engine process exited");
+  const EngineReply failed = pending.result();
+  REQUIRE_FALSE(failed.value);
+  CHECK(failed.value.error().message == "engine rank 0 is dead: managed engine process exited");
+  CHECK(state_of(*client) == EngineState::kDead);
+}
