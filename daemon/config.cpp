@@ -25,6 +25,25 @@ std::string_view mode_name(EngineMode mode) {
   return "embedded";
 }
 
+std::optional<HostPort> parse_data_parallel_master(std::string_view text) {
+  const std::size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size()) return std::nullopt;
+  std::string_view host = text.substr(0, colon);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') return std::nullopt;
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string_view::npos) {
+    return std::nullopt;  // an IPv6 address needs brackets
+  }
+  int port = 0;
+  for (const char c : text.substr(colon + 1)) {
+    if (c < '0' || c > '9' || port > 65535) return std::nullopt;
+    port = port * 10 + (c - '0');
+  }
+  if (port < 1 || port > 65531) return std::nullopt;
+  return HostPort{std::string(host), port};
+}
+
 namespace {
 
 using Strings = std::vector<std::string>;
@@ -51,6 +70,13 @@ std::optional<std::string> in_range(std::int64_t value, std::int64_t low, std::i
   if (value < low || value > high) {
     return "must be between " + std::to_string(low) + " and " + std::to_string(high);
   }
+  return std::nullopt;
+}
+
+// "host:port" with room for the four ports after it (vLLM's port list).
+std::optional<std::string> data_parallel_master_error(const std::string& text) {
+  const auto endpoint = parse_data_parallel_master(text);
+  if (!endpoint) return "expected HOST:PORT (PORT 1 to 65531), got '" + text + "'";
   return std::nullopt;
 }
 
@@ -150,6 +176,13 @@ const std::vector<Setting>& settings() {
          return positive(c.drain_timeout);
        },
        [](const Config& c) -> Value { return c.drain_timeout; }},
+      {"server.session_idle_timeout", "", "VLLMD_SESSION_IDLE_TIMEOUT", Kind::kDouble,
+       "seconds an owned weight-update session may sit idle before any client may continue it",
+       [](Config& c, const Value& v) {
+         c.session_idle_timeout = as<double>(v);
+         return positive(c.session_idle_timeout);
+       },
+       [](const Config& c) -> Value { return c.session_idle_timeout; }},
       {"server.max_body_bytes", "--max-body-bytes", "VLLMD_MAX_BODY_BYTES", Kind::kInt,
        "largest request body accepted (413 beyond)",
        [](Config& c, const Value& v) {
@@ -235,6 +268,14 @@ const std::vector<Setting>& settings() {
          return in_range(as<std::int64_t>(v), 1, 65536);
        },
        [](const Config& c) -> Value { return std::int64_t{c.data_parallel_size}; }},
+      {"engine.data_parallel_master", "--data-parallel-master", "VLLMD_DATA_PARALLEL_MASTER",
+       Kind::kString, "coordinated (MoE) DP: HOST:PORT where the ranks form their DP group",
+       [](Config& c, const Value& v) {
+         c.data_parallel_master = as<std::string>(v);
+         return c.data_parallel_master.empty() ? std::nullopt
+                                               : data_parallel_master_error(c.data_parallel_master);
+       },
+       [](const Config& c) -> Value { return c.data_parallel_master; }},
       {"engine.command", "--engine-command", "VLLMD_ENGINE_COMMAND", Kind::kStrings,
        "managed mode: engine argv; {handshake_address}, {handshake_host}, {handshake_port} filled in",
        [](Config& c, const Value& v) -> std::optional<std::string> {
@@ -479,6 +520,10 @@ std::optional<ConfigError> finish(Config& config) {
   }
   if (config.mode == EngineMode::kEmbedded && config.data_parallel_size != 1) {
     return ConfigError{"engine.data_parallel_size", "the embedded engine runs one DP rank"};
+  }
+  if (!config.data_parallel_master.empty() && config.data_parallel_size < 2) {
+    return ConfigError{"engine.data_parallel_master",
+                       "coordinated data parallelism needs engine.data_parallel_size of 2 or more"};
   }
   if (config.tls_cert_file.empty() && !config.tls_key_file.empty()) {
     return ConfigError{"server.tls_cert_file", "required with server.tls_key_file"};

@@ -29,6 +29,7 @@ struct Config {
   double timeout = 10;             // seconds a connection may sit idle mid-request
   double keep_alive_timeout = 5;   // seconds an idle keep-alive connection is kept
   double drain_timeout = 30;       // seconds in-flight requests get at shutdown
+  double session_idle_timeout = 600;  // an owned weight-update session idle this long: anonymous
   std::int64_t max_body_bytes = 128LL << 20;
   std::vector<std::string> api_keys;
   std::string api_key_file;
@@ -41,6 +42,7 @@ struct Config {
   std::string handshake_address;  // default per mode
   std::string advertised_host;
   int data_parallel_size = 1;
+  std::string data_parallel_master;  // "host:port": coordinated (MoE) DP; INIT carries it
   std::vector<std::string> command;  // managed: argv, {handshake_address} etc. filled in
   double call_timeout = 1800;        // lifecycle calls (NCCL init/update block for minutes)
   double query_timeout = 10;
@@ -82,6 +84,14 @@ tl::expected<Invocation, LoadError> load(int argc, const char* const* argv);
 // A TOML configuration document applied to the defaults, as a --config file would be (same
 // checks, same errors; syntax errors are keyed "line <n>"), without the environment or flags.
 tl::expected<Config, ConfigError> load_toml_text(std::string_view text);
+
+// engine.data_parallel_master: "host:port" ("[v6]:port" too), the port with the four after
+// it free for vLLM's port list (1 to 65531).
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+std::optional<HostPort> parse_data_parallel_master(std::string_view text);
 
 // The effective configuration as TOML.
 std::string to_toml(const Config& config);

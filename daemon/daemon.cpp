@@ -202,7 +202,12 @@ int run(int argc, const char* const* argv) {
   service_options.query_timeout =
       std::chrono::milliseconds(static_cast<long long>(config.query_timeout * 1000));
   service_options.world_size_fallback = config.world_size;
+  service_options.session_idle_timeout =
+      std::chrono::milliseconds(static_cast<long long>(config.session_idle_timeout * 1000));
   api::WeightSyncService service((*engines)->client(), service_options, &executor);
+  // The engines go before the service (below): they never call it after it is gone.
+  (*engines)->client().set_state_listener(
+      [&service](const engine::EngineStatus& engine) { service.on_engine_state(engine); });
 
   Metrics metrics;
   service.set_operation_observer(

@@ -46,6 +46,17 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
   options.advertised_host = config.advertised_host;
   options.data_parallel_size = config.data_parallel_size;
   options.startup_timeout = millis(config.startup_timeout);
+  if (const auto master = parse_data_parallel_master(config.data_parallel_master)) {
+    // vLLM's port list: five ports, the last popped as the master; here the operator's port
+    // and the four after it, so a firewall needs PORT to PORT+4 open on the master's host.
+    std::vector<std::int64_t> ports;
+    for (int i = 1; i <= 4; ++i) ports.push_back(master->port + i);
+    ports.push_back(master->port);
+    options.data_parallel_master =
+        wire::split_master_ports(master->host, std::move(ports), config.data_parallel_size);
+    log::info("coordinated data parallelism: DP master ", master->host, ":", master->port,
+              " (ports ", master->port, "-", master->port + 4, ")");
+  }
   options.probe_interval = millis(config.probe_interval);
   options.probe_timeout = millis(config.query_timeout);
   auto client = engine::EngineClient::create(options);

@@ -85,6 +85,7 @@ struct RouteMatch {
   const api::Route* route = nullptr;
   std::string query;  // raw, after '?'
   std::optional<util::IpAddress> peer;
+  std::optional<std::string> session;  // Vllmd-Session
 };
 
 class Router {
@@ -121,6 +122,12 @@ class Router {
         !authorized(head.field(http::KnownField::kAuthorization), policy->api_keys)) {
       return refuse(api::unauthorized("missing or invalid API key"), {{"WWW-Authenticate", "Bearer"}});
     }
+    const std::string_view session = head.field("vllmd-session");
+    if (!session.empty() &&
+        (!api::valid_session_id(session) || head.count_named("vllmd-session") > 1)) {
+      return refuse(api::invalid_request(
+          "the Vllmd-Session header must be one id of 1 to 128 visible ASCII characters"));
+    }
     const bool to_executor = head.content_length > kInlineBodyBytes ||
                              head.framing == http::BodyFraming::kChunked;
     if (to_executor && context_.executor != nullptr &&
@@ -133,6 +140,7 @@ class Router {
     match->route = route;
     if (question != std::string_view::npos) match->query = std::string(target.substr(question + 1));
     match->peer = peer;
+    if (!session.empty()) match->session = std::string(session);
     decision.on_request = [this, match](http::ExchangePtr exchange) { serve(match, std::move(exchange)); };
     return decision;
   }
@@ -151,6 +159,7 @@ class Router {
     }
     auto run = [this, match, exchange, query] {
       context_.service->handle(*match->route, query, std::move(exchange->request().body),
+                               api::RequestContext{match->session},
                                [this, match, exchange](api::Response reply) {
                                  answer(*match, *exchange, std::move(reply));
                                });

@@ -58,6 +58,10 @@ ApiError engine_timeout(std::string message) {
   return make(504, "server_error", "engine_timeout", std::move(message));
 }
 
+ApiError conflict(std::string message) {
+  return make(409, "conflict", "conflict", std::move(message));
+}
+
 ApiError invalid_configuration(std::string message) {
   return make(400, "invalid_request_error", "invalid_configuration", std::move(message));
 }
@@ -110,7 +114,8 @@ int exit_code_for_status(int http_status) {
     case 417:
     case 431:
     case 505: return exit_code::kRejected;
-    case 408: return exit_code::kTimeout;
+    case 408:
+    case 409: return exit_code::kTimeout;
     case 401:
     case 403: return exit_code::kUnauthorized;
     case 404:

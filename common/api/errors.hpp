@@ -29,6 +29,7 @@ ApiError method_not_allowed();
 ApiError server_error(std::string message);
 ApiError engine_unavailable(std::string message);
 ApiError engine_timeout(std::string message);
+ApiError conflict(std::string message);  // 409: a session owned by another client
 ApiError invalid_configuration(std::string message);
 
 // The connection layer's errors (malformed or stalled requests, limits): the same shape.
@@ -50,7 +51,7 @@ inline constexpr int kRejected = 65;      // 400, 413
 inline constexpr int kNoInput = 66;       // input file missing or unreadable
 inline constexpr int kUnavailable = 69;   // connect failure, 503 (and 404: no such route here)
 inline constexpr int kEngineFailed = 70;  // 500
-inline constexpr int kTimeout = 75;       // 504, client timeout
+inline constexpr int kTimeout = 75;       // 504, client timeout, 409 (retry later)
 inline constexpr int kUnauthorized = 77;  // 401, 403
 inline constexpr int kConfig = 78;
 }  // namespace exit_code

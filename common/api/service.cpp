@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/api/replies.hpp"
 #include "common/util/log.hpp"
 #include "common/version.hpp"
 #include "common/wire/msgpack_codec.hpp"
@@ -21,23 +22,6 @@ Response error_response(const ApiError& error, double engine_seconds) {
 
 namespace {
 
-std::string message_body(std::string_view message) {
-  return "{\"message\":" + wire::json_string(message) + "}";
-}
-
-// [worker_method, nil, [], {kwarg: <value>}] without the value, or with {} when no kwarg.
-std::string collective_rpc_header(std::string_view worker_method, std::string_view kwarg) {
-  wire::StringBuffer buffer;
-  wire::Packer packer(buffer);
-  packer.pack_array(4);
-  wire::pack_str(packer, worker_method);
-  packer.pack_nil();
-  packer.pack_array(0);
-  packer.pack_map(kwarg.empty() ? 0 : 1);
-  if (!kwarg.empty()) wire::pack_str(packer, kwarg);
-  return buffer.take();
-}
-
 std::string pause_args(const std::string& mode, bool clear_cache) {
   wire::StringBuffer buffer;
   wire::Packer packer(buffer);
@@ -47,86 +31,20 @@ std::string pause_args(const std::string& mode, bool clear_cache) {
   return buffer.take();
 }
 
-// The error for a fanned-out call, or nullopt when every engine succeeded. A dead engine
-// outranks a timeout, which outranks a failure: the most basic cause is reported first.
-std::optional<ApiError> summarize(std::string_view operation, const std::vector<EngineReply>& replies) {
-  std::optional<CallErrorKind> worst;
-  std::string details;
-  for (const EngineReply& reply : replies) {
-    if (reply.value) continue;
-    const engine::CallError& error = reply.value.error();
-    if (!details.empty()) details += "; ";
-    if (replies.size() > 1 && error.kind == CallErrorKind::kFailed) {
-      details += "engine rank " + std::to_string(reply.rank) + ": ";
-    }
-    details += error.message;
-    if (!worst || error.kind == CallErrorKind::kUnavailable ||
-        (error.kind == CallErrorKind::kTimeout && *worst == CallErrorKind::kFailed)) {
-      worst = error.kind;
-    }
-  }
-  if (!worst) return std::nullopt;
-  const std::string message = "failed to call " + std::string(operation) + ": " + details;
-  switch (*worst) {
-    case CallErrorKind::kUnavailable: return engine_unavailable(message);
-    case CallErrorKind::kTimeout: return engine_timeout(message);
-    case CallErrorKind::kFailed: break;
-  }
-  return server_error(message);
-}
-
-std::optional<std::string> decode_string(const std::string& msgpack) {
-  auto handle = wire::decode(msgpack);
-  if (!handle) return std::nullopt;
-  auto text = wire::as_str(handle->get());
-  return text ? std::optional<std::string>(std::string(*text)) : std::nullopt;
-}
-
-std::optional<bool> decode_bool(const std::string& msgpack) {
-  auto handle = wire::decode(msgpack);
-  return handle ? wire::as_bool(handle->get()) : std::nullopt;
-}
-
-// The version every engine reported, or the error: a non-string or a disagreement.
-tl::expected<std::string, ApiError> agreed_version(const std::vector<EngineReply>& replies) {
-  std::optional<std::string> agreed;
-  std::string seen;
-  for (const EngineReply& reply : replies) {
-    auto version = decode_string(*reply.value);
-    if (!version) {
-      return tl::unexpected(server_error("failed to call get_weight_version: engine rank " +
-                                         std::to_string(reply.rank) +
-                                         " returned a non-string version"));
-    }
-    if (!seen.empty()) seen += ", ";
-    seen += "rank " + std::to_string(reply.rank) + " '" + *version + "'";
-    if (agreed && *agreed != *version) {
-      return tl::unexpected(server_error("engines disagree on the weight version: " + seen));
-    }
-    agreed = *version;
-  }
-  return agreed.value_or("");
-}
-
 }  // namespace
-
-// One lifecycle call, validated: what its engine calls need, kept alive until they are sent.
-struct WeightSyncService::LifecycleCall {
-  const Route* route = nullptr;
-  std::optional<wire::Transcoded> document;
-  std::string_view value;  // the validated init_info / update_info, inside `document`
-  std::string kwarg;
-  std::optional<std::string> version;
-};
 
 WeightSyncService::WeightSyncService(engine::EngineClient& engines, ServiceOptions options,
                                      util::Executor* executor)
-    : engines_(engines), options_(options), lifecycle_queue_(executor) {}
+    : engines_(engines),
+      options_(options),
+      lifecycle_queue_(executor),
+      sessions_(options.session_idle_timeout) {}
 
 void WeightSyncService::fan_out(std::string operation_name, std::string metric,
                                 std::string engine_method,
                                 const engine::EngineClient::ArgParts& args,
-                                const CallOptions& options, std::function<void(FanOut)> then) {
+                                const CallOptions& options, const std::vector<int>& ranks,
+                                std::function<void(FanOut)> then) {
   const auto started = std::chrono::steady_clock::now();
   sync_known();
   // In flight first: readers then never see a value both uncertain and without a call to
@@ -138,10 +56,9 @@ void WeightSyncService::fan_out(std::string operation_name, std::string metric,
   if (engine_method == "pause_scheduler" || engine_method == "resume_scheduler") {
     known_.changing_paused(sequence);
   }
-  engines_.call_all_async(
-      engine_method, args, options,
-      [this, started, sequence, operation_name = std::move(operation_name),
-       metric = std::move(metric), then = std::move(then)](std::vector<EngineReply> replies) {
+  auto completion = [this, started, sequence, operation_name = std::move(operation_name),
+                     metric = std::move(metric),
+                     then = std::move(then)](std::vector<EngineReply> replies) {
         --calls_in_flight_;
         FanOut result;
         result.sequence = sequence;
@@ -156,11 +73,16 @@ void WeightSyncService::fan_out(std::string operation_name, std::string metric,
         if (observer_ && !metric.empty() && reached_engine) observer_(metric, result.seconds);
         if (result.error) log::warning(result.error->message);
         then(std::move(result));
-      });
+  };
+  if (ranks.empty()) {
+    engines_.call_all_async(engine_method, args, options, std::move(completion));
+  } else {
+    engines_.call_ranks_async(ranks, engine_method, args, options, std::move(completion));
+  }
 }
 
 void WeightSyncService::handle(const Route& route, const Query& query, std::string body,
-                               Done done) {
+                               RequestContext context, Done done) {
   switch (route.operation) {
     case Operation::kHealth: return done(health());
     case Operation::kVersion: return done(version());
@@ -169,108 +91,11 @@ void WeightSyncService::handle(const Route& route, const Query& query, std::stri
     case Operation::kIsPaused: return read(route, std::move(done));
     case Operation::kPause:
     case Operation::kResume: return scheduler(route, query, std::move(done));
+    case Operation::kSessionStatus: return done({200, sessions_.snapshot().json()});
     case Operation::kMetrics:
     case Operation::kReload: return done(error_response(not_found()));  // the daemon's own
-    default: return lifecycle(route, std::move(body), std::move(done));
+    default: return lifecycle(route, std::move(body), std::move(context.session), std::move(done));
   }
-}
-
-void WeightSyncService::lifecycle(const Route& route, std::string body, Done done) {
-  // Validate before queueing: a bad request never waits and never reaches an engine.
-  auto call = std::make_shared<LifecycleCall>();
-  call->route = &route;
-  if (route.body == Body::kRequired || (route.body == Body::kOptional && !body.empty())) {
-    auto parsed = parse_object_body(body);
-    if (!parsed) return done(error_response(parsed.error()));
-    call->document = std::move(*parsed);
-    std::string().swap(body);  // the msgpack holds everything now
-  }
-  const wire::Transcoded* document = call->document ? &*call->document : nullptr;
-  if (route.operation == Operation::kInitWeightTransfer) {
-    auto info = init_info(*document);
-    if (!info) return done(error_response(info.error()));
-    call->value = *info;
-    call->kwarg = "init_info";
-  } else if (route.operation == Operation::kUpdateWeights) {
-    auto info = update_info(*document);
-    if (!info) return done(error_response(info.error()));
-    call->value = *info;
-    call->kwarg = "update_info";
-  } else if (route.operation == Operation::kFinishWeightUpdate && document) {
-    auto requested = finish_version(*document);
-    if (!requested) return done(error_response(requested.error()));
-    call->version = *requested;
-  } else if (route.operation == Operation::kUpdateWeightVersion) {
-    auto requested = new_version(*document);
-    if (!requested) return done(error_response(requested.error()));
-    call->version = *requested;
-  }
-  lifecycle_queue_.run(
-      [this, call, done](SerialQueue::Finished finished) {
-        run_lifecycle(call, [done, finished](Response response) {
-          finished();
-          done(std::move(response));
-        });
-      },
-      options_.lifecycle_timeout,
-      [done] {
-        done(error_response(
-            engine_timeout("timed out waiting for another weight-sync call to finish")));
-      });
-}
-
-void WeightSyncService::run_lifecycle(const std::shared_ptr<LifecycleCall>& call, Done done) {
-  const Route& route = *call->route;
-  if (route.operation == Operation::kUpdateWeightVersion) {
-    return set_version(*call->version, 0, [version = *call->version, done](Response response) {
-      if (response.status == 200) {
-        response.body = "{\"success\":true,\"new_version\":" + wire::json_string(version) + "}";
-      }
-      done(std::move(response));
-    });
-  }
-  const std::string header = collective_rpc_header(route.worker_method, call->kwarg);
-  engine::EngineClient::ArgParts args{header};
-  if (!call->value.empty()) args.push_back(call->value);
-  const CallOptions call_options{options_.lifecycle_timeout, true};
-  fan_out(std::string(route.worker_method), std::string(route.metric_operation),
-          std::string(route.engine_method), args, call_options,
-          [this, call, done](FanOut result) {
-            if (result.error) return done(error_response(*result.error, result.seconds));
-            const Route& finished_route = *call->route;
-            if (finished_route.operation == Operation::kFinishWeightUpdate && call->version) {
-              // Commit the version only now that every engine finished; a failure here is
-              // reported as set_weight_version's, so the trainer can tell it from a failed
-              // finish.
-              return set_version(*call->version, result.seconds,
-                                 [call, done](Response response) {
-                                   if (response.status == 200) {
-                                     response.body = message_body(call->route->success_message);
-                                   }
-                                   done(std::move(response));
-                                 });
-            }
-            Response response;
-            response.engine_seconds = result.seconds;
-            response.body = message_body(finished_route.success_message);
-            done(std::move(response));
-          });
-}
-
-// set_weight_version on every engine; on success the known state holds `version`.
-void WeightSyncService::set_version(const std::string& version, double seconds_before,
-                                    Done done) {
-  const std::string args = wire::encode_string_array({version});
-  const CallOptions call_options{options_.lifecycle_timeout, true};
-  fan_out("set_weight_version", "set_version", "set_weight_version", {args}, call_options,
-          [this, version, seconds_before, done](FanOut set) {
-            const double seconds = seconds_before + set.seconds;
-            if (set.error) return done(error_response(*set.error, seconds));
-            known_.set_version_all(set.sequence, version);
-            Response response;
-            response.engine_seconds = seconds;
-            done(std::move(response));
-          });
 }
 
 // Seeds newly admitted engines in the known state; the engines' snapshot is copied only when
@@ -286,6 +111,7 @@ bool WeightSyncService::answers_at_once(Operation operation) const {
   switch (operation) {
     case Operation::kHealth:
     case Operation::kVersion:
+    case Operation::kSessionStatus:
     case Operation::kWorldSize: return true;
     case Operation::kWeightInfo: return calls_in_flight_.load() > 0 || known_.version_certain();
     case Operation::kIsPaused: return calls_in_flight_.load() > 0 || known_.paused_certain();
@@ -298,6 +124,7 @@ Response WeightSyncService::handle_without_waiting(const Route& route, const Que
     case Operation::kHealth: return health();
     case Operation::kVersion: return version();
     case Operation::kWorldSize: return world_size(query);
+    case Operation::kSessionStatus: return {200, sessions_.snapshot().json()};
     case Operation::kWeightInfo:
     case Operation::kIsPaused:
       if (auto unready = not_ready()) return error_response(*unready);
@@ -330,7 +157,7 @@ void WeightSyncService::read(const Route& route, Done done) {
   if (certain || calls_in_flight_.load() > 0) return done(known_answer(route));
   const CallOptions call_options{options_.query_timeout, false};
   fan_out(std::string(route.engine_method), "", std::string(route.engine_method), {"\x90"},
-          call_options, [this, is_version, done](FanOut call) {
+          call_options, {}, [this, is_version, done](FanOut call) {
             if (call.error) return done(error_response(*call.error, call.seconds));
             Response response;
             response.engine_seconds = call.seconds;
@@ -372,14 +199,74 @@ void WeightSyncService::scheduler(const Route& route, const Query& query, Done d
   }
   // mode=wait drains running requests: as long as a lifecycle call may take.
   const CallOptions call_options{options_.lifecycle_timeout, false};
-  fan_out(std::string(route.engine_method), "", std::string(route.engine_method), {args},
-          call_options, [this, pause, done](FanOut call) {
-            if (call.error) return done(error_response(*call.error, call.seconds));
-            known_.set_paused_all(call.sequence, pause);
-            Response response;
-            response.engine_seconds = call.seconds;
-            response.body = pause ? R"({"status":"paused"})" : R"({"status":"resumed"})";
-            done(std::move(response));
+  const std::string method(route.engine_method);
+  fan_out(method, "", method, {args}, call_options, {}, [this, pause, method, args, done](FanOut call) {
+    std::vector<int> missed;  // unreachable: they get it as soon as they are ready again
+    {
+      std::lock_guard lock(scheduler_mutex_);
+      for (const EngineReply& reply : call.replies) {
+        if (!reply.value && reply.value.error().kind == CallErrorKind::kUnavailable) {
+          undelivered_scheduler_[reply.rank] = {method, args};
+          missed.push_back(reply.rank);
+        } else {
+          undelivered_scheduler_.erase(reply.rank);  // this newer call reached it
+        }
+      }
+    }
+    for (const EngineReply& reply : call.replies) {
+      if (reply.value) known_.set_paused(reply.rank, call.sequence, pause);
+    }
+    if (call.error) {
+      std::string note;
+      if (!missed.empty()) {
+        note = std::string("generation may still be ") + (pause ? "running" : "paused") + " on " +
+               rank_list(missed) + ": vllmd " + (pause ? "pauses" : "resumes") +
+               " it as soon as it answers again";
+      } else {
+        note = std::string("generation may still be ") + (pause ? "running" : "paused") +
+               " where the call did not succeed";
+      }
+      ApiError error = *call.error;
+      error.message += "; " + note;
+      return done(error_response(error, call.seconds));
+    }
+    Response response;
+    response.engine_seconds = call.seconds;
+    response.body = pause ? R"({"status":"paused"})" : R"({"status":"resumed"})";
+    done(std::move(response));
+  });
+}
+
+// A pause or resume that could not reach an engine goes out once it is ready again.
+void WeightSyncService::on_engine_state(const engine::EngineStatus& engine) {
+  if (engine.state != engine::EngineState::kReady) return;
+  std::pair<std::string, std::string> call;
+  {
+    std::lock_guard lock(scheduler_mutex_);
+    const auto found = undelivered_scheduler_.find(engine.rank);
+    if (found == undelivered_scheduler_.end()) return;
+    call = found->second;
+  }
+  const int rank = engine.rank;
+  const CallOptions call_options{options_.lifecycle_timeout, false};
+  fan_out(call.first, "", call.first, {call.second}, call_options, {rank},
+          [this, rank, call](FanOut result) {
+            const EngineReply& reply = result.replies.front();
+            {
+              std::lock_guard lock(scheduler_mutex_);
+              const auto found = undelivered_scheduler_.find(rank);
+              if (found == undelivered_scheduler_.end() || found->second != call) return;
+              if (!reply.value && reply.value.error().kind == CallErrorKind::kUnavailable) return;
+              undelivered_scheduler_.erase(found);
+            }
+            if (reply.value) {
+              known_.set_paused(rank, result.sequence, call.first == "pause_scheduler");
+              log::notice("delivered ", call.first, " to engine rank ", rank,
+                          " now that it answers again");
+            } else {
+              log::warning("engine rank ", rank, " refused the ", call.first,
+                           " it could not be given earlier: ", reply.value.error().message);
+            }
           });
 }
 

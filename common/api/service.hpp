@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "common/api/known_state.hpp"
 #include "common/api/request.hpp"
 #include "common/api/serial_queue.hpp"
+#include "common/api/session.hpp"
 #include "common/api/table.hpp"
 #include "common/engine/client.hpp"
 #include "common/util/executor.hpp"
@@ -29,6 +31,8 @@ struct ServiceOptions {
   std::chrono::milliseconds query_timeout = std::chrono::seconds(10);
   // world_size for engines whose registration frame is empty (older vLLM).
   std::int64_t world_size_fallback = 1;
+  // An owned weight-update session idle this long becomes anonymous.
+  std::chrono::milliseconds session_idle_timeout = std::chrono::minutes(10);
 };
 
 struct Response {
@@ -47,6 +51,11 @@ using OperationObserver = std::function<void(std::string_view operation, double 
 // caller's, an engine IO thread's or the executor's): it must not block.
 using Done = std::function<void(Response)>;
 
+// What a request carries besides its route, query and body.
+struct RequestContext {
+  std::optional<std::string> session;  // its Vllmd-Session id (valid; nullopt: none)
+};
+
 class WeightSyncService {
  public:
   // `executor` starts queued lifecycle calls and runs their wait limits (see SerialQueue).
@@ -56,7 +65,8 @@ class WeightSyncService {
   // `body` is the raw request body (empty when none was sent); it is released once
   // transcoded, so a 90 MB body and its msgpack never sit in memory with a third copy.
   // Validation and transcoding run on the calling thread; nothing waits there.
-  void handle(const Route& route, const Query& query, std::string body, Done done);
+  void handle(const Route& route, const Query& query, std::string body, RequestContext context,
+              Done done);
 
   // Whether `operation` is answered without waiting for an engine right now (a GET that
   // reads vllmd's own state): handle_without_waiting then answers it in place.
@@ -65,12 +75,44 @@ class WeightSyncService {
   Response handle_without_waiting(const Route& route, const Query& query);
 
   void set_operation_observer(OperationObserver observer) { observer_ = std::move(observer); }
+  // Give it every engine state change (EngineClient::set_state_listener), while both live.
+  void on_engine_state(const engine::EngineStatus& engine);
 
  private:
+  // Runs one UTILITY method on every engine (or on `ranks`); `then` gets the replies and the
+  // error summary.
+  struct FanOut {
+    std::uint64_t sequence = 0;  // known state: what it established dates from then
+    std::optional<ApiError> error;
+    std::vector<engine::EngineReply> replies;
+    double seconds = 0;
+  };
+  void fan_out(std::string operation_name, std::string metric, std::string engine_method,
+               const engine::EngineClient::ArgParts& args, const engine::CallOptions& options,
+               const std::vector<int>& ranks, std::function<void(FanOut)> then);
+
+  // The lifecycle (lifecycle.cpp).
   struct LifecycleCall;
-  void lifecycle(const Route& route, std::string body, Done done);
+  void lifecycle(const Route& route, std::string body, std::optional<std::string> client,
+                 Done done);
   void run_lifecycle(const std::shared_ptr<LifecycleCall>& call, Done done);
-  void set_version(const std::string& version, double seconds_before, Done done);
+  static Response succeeded_response(const Route& route, double seconds);
+  void forward(const LifecycleCall& call, std::vector<std::uint64_t> incarnations,
+               std::function<void(FanOut)> then);
+  void start(const std::shared_ptr<LifecycleCall>& call, Done done);
+  void update(const std::shared_ptr<LifecycleCall>& call, Done done);
+  void finish(const std::shared_ptr<LifecycleCall>& call, Done done);
+  void set_version(const std::string& version, double seconds_before,
+                   std::vector<std::uint64_t> incarnations, Done done);
+  void lose(const std::vector<int>& restarted, const std::vector<std::uint64_t>& session,
+            bool survivors_open, double seconds, Done done);
+  void close_sessions(const std::vector<int>& ranks, std::vector<std::uint64_t> incarnations,
+                      std::function<void(std::string outcome)> then);
+  std::vector<std::uint64_t> current_incarnations() const;
+  std::vector<int> restarted_ranks(const std::vector<std::uint64_t>& session) const;
+  std::vector<int> all_ranks() const;
+
+  // Reads, the scheduler and vllmd's own answers (service.cpp).
   void read(const Route& route, Done done);
   void scheduler(const Route& route, const Query& query, Done done);
   Response known_answer(const Route& route);
@@ -80,24 +122,18 @@ class WeightSyncService {
   Response version() const;
   Response world_size(const Query& query) const;
 
-  // Runs one UTILITY method on every engine; `then` gets the replies and the error summary.
-  struct FanOut {
-    std::uint64_t sequence = 0;  // known state: what it established dates from then
-    std::optional<ApiError> error;
-    std::vector<engine::EngineReply> replies;
-    double seconds = 0;
-  };
-  void fan_out(std::string operation_name, std::string metric, std::string engine_method,
-               const engine::EngineClient::ArgParts& args, const engine::CallOptions& options,
-               std::function<void(FanOut)> then);
-
   engine::EngineClient& engines_;
   ServiceOptions options_;
   OperationObserver observer_;
   SerialQueue lifecycle_queue_;
+  Sessions sessions_;
   std::atomic<int> calls_in_flight_{0};
   std::atomic<std::uint64_t> synced_admissions_{~std::uint64_t{0}};  // none synced yet
   KnownState known_;
+  // A pause or resume that could not reach an engine (it was unreachable or not answering):
+  // delivered as soon as the engine is ready again. By rank: the method and its args.
+  std::mutex scheduler_mutex_;
+  std::map<int, std::pair<std::string, std::string>> undelivered_scheduler_;
 };
 
 }  // namespace vllmd::api

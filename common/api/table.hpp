@@ -23,6 +23,7 @@ enum class Operation {
   kVersion,
   kMetrics,
   kReload,
+  kSessionStatus,
 };
 
 enum class Body {
@@ -46,7 +47,7 @@ struct Route {
   std::string_view summary;
 };
 
-inline constexpr std::array<Route, 15> kRoutes{{
+inline constexpr std::array<Route, 16> kRoutes{{
     {Operation::kInitWeightTransfer, "POST", "/init_weight_transfer_engine", true, true,
      Body::kRequired, "init_weight_transfer_engine", "collective_rpc", "init",
      "Weight transfer initialized", "weights init",
@@ -86,6 +87,9 @@ inline constexpr std::array<Route, 15> kRoutes{{
     // vllmd's own: what ExecReload= runs (through vllmctl), answering once the reload is done.
     {Operation::kReload, "POST", "/reload", false, false, Body::kNone, "", "", "", "", "reload",
      "reload vllmd's configuration as SIGHUP does; fails (78) and changes nothing when invalid"},
+    // vllmd's own: the weight-update session it knows of (vllmctl status shows it).
+    {Operation::kSessionStatus, "GET", "/weight_update_session", true, false, Body::kNone, "",
+     "", "", "", "", "the open weight-update session: owned or anonymous, age, updates"},
 }};
 
 // The route for a path whatever its method, or nullptr.

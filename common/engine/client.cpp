@@ -132,7 +132,8 @@ tl::expected<std::unique_ptr<EngineClient>, std::string> EngineClient::create(
     if (!output) return tl::unexpected(output.error());
     io.input_endpoint = *input;
     io.output_endpoint = *output;
-    io.init_message = wire::encode_init({{io.input_endpoint}, {io.output_endpoint}});
+    io.init_message = wire::encode_init({{io.input_endpoint}, {io.output_endpoint}},
+                                        io.options.data_parallel_master);
 
     io.engines.resize(static_cast<std::size_t>(io.options.data_parallel_size));
     for (int rank = 0; rank < io.options.data_parallel_size; ++rank) {
@@ -262,6 +263,23 @@ std::vector<EngineReply> EngineClient::call_all(std::string_view method, const A
 void EngineClient::call_all_async(std::string_view method, const ArgParts& args,
                                   const CallOptions& options, Completion done) {
   submit(all_ranks(), method, args, options, std::move(done));
+}
+
+void EngineClient::call_ranks_async(const std::vector<int>& ranks, std::string_view method,
+                                    const ArgParts& args, const CallOptions& options,
+                                    Completion done) {
+  for (const int rank : ranks) {
+    if (rank < 0 || rank >= impl_->options.data_parallel_size) {
+      std::vector<EngineReply> replies;
+      for (const int each : ranks) {
+        replies.push_back({each, tl::unexpected(CallError{CallErrorKind::kUnavailable,
+                                                          "no engine with rank " +
+                                                              std::to_string(each)})});
+      }
+      return done(std::move(replies));
+    }
+  }
+  submit(ranks, method, args, options, std::move(done));
 }
 
 std::vector<int> EngineClient::all_ranks() const {

@@ -55,6 +55,9 @@ struct ClientOptions {
   std::string input_address;
   std::string output_address;
   int data_parallel_size = 1;
+  // Coordinated (MoE) data parallelism: INIT's parallel_config names this DP master, so that
+  // ranks started by different launchers (hosts) form one DP group. Dense models: none.
+  std::optional<wire::DataParallelMaster> data_parallel_master;
   // From HELLO to READY + registration (the model load, which can take well over ten
   // minutes); 0: no limit. Past it the engine reads as dead, but a READY and registration
   // that still come are admitted.
@@ -158,6 +161,9 @@ class EngineClient {
   using Completion = std::function<void(std::vector<EngineReply>)>;
   void call_all_async(std::string_view method, const ArgParts& args, const CallOptions& options,
                       Completion done);
+  // The same on some ranks only (replies in the order of `ranks`).
+  void call_ranks_async(const std::vector<int>& ranks, std::string_view method,
+                        const ArgParts& args, const CallOptions& options, Completion done);
 
   struct Impl;
 

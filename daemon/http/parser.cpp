@@ -223,6 +223,11 @@ std::string_view RequestHead::field(std::string_view name) const {
   return {};
 }
 
+std::size_t RequestHead::count_named(std::string_view name) const {
+  return static_cast<std::size_t>(std::count_if(
+      fields.begin(), fields.end(), [&](const Field& entry) { return same_text(entry.name, name); }));
+}
+
 std::string_view RequestHead::field(KnownField name) const {
   const auto index = static_cast<std::size_t>(name);
   return known_count[index] == 0 ? std::string_view() : fields[known_first[index]].value;

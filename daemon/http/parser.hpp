@@ -48,6 +48,7 @@ struct RequestHead {
   std::string_view field(std::string_view name) const;
   std::string_view field(KnownField name) const;
   // How many fields have this name.
+  std::size_t count_named(std::string_view name) const;
   std::size_t count(KnownField name) const {
     return known_count[static_cast<std::size_t>(name)];
   }

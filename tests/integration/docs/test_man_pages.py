@@ -335,6 +335,7 @@ class ManPageTest(unittest.TestCase):
             "engine.mode": "embedded",
             "engine.handshake_address": "tcp://127.0.0.1:5571",
             "engine.advertised_host": "10.0.0.5",
+            "engine.data_parallel_master": "10.0.0.7:29600",
             "engine.command": "engine --handshake {handshake_address}",
             "engine.backend": "ipc",
             "log.level": "debug",
@@ -365,6 +366,8 @@ class ManPageTest(unittest.TestCase):
                 cert = self.write("cert.pem", "sample certificate\n")
                 companion = f'[server]\ntls_cert_file = "{cert}"\n'
             config = companion + base
+            if key == "engine.data_parallel_master":  # coordinated DP needs DP >= 2
+                config += "data_parallel_size = 2\n"
             before = self.print_config(config=config)
             text, value = self.sample(key, before[key])
             variable = entry["Environment"].split()[0]

@@ -1,0 +1,339 @@
+// The weight-update lifecycle of WeightSyncService: init, start, update, finish (with a
+// version), set version. Calls run one at a time (SerialQueue). A session belongs to the
+// engine incarnations it was started on: when one of them restarts the session is lost,
+// nothing is committed, and vllmd closes the survivors' sessions so that the next start
+// works on every rank. After a call that failed on some ranks the same recovery brings every
+// rank back to "no session".
+
+#include <algorithm>
+
+#include "common/api/replies.hpp"
+#include "common/api/service.hpp"
+#include "common/util/log.hpp"
+#include "common/wire/msgpack_codec.hpp"
+#include "common/wire/msgpack_to_json.hpp"
+
+namespace vllmd::api {
+
+using engine::CallErrorKind;
+using engine::CallOptions;
+using engine::EngineReply;
+
+namespace {
+
+std::string message_body(std::string_view message) {
+  return "{\"message\":" + wire::json_string(message) + "}";
+}
+
+// [worker_method, nil, [], {kwarg: <value>}] without the value, or with {} when no kwarg.
+std::string collective_rpc_header(std::string_view worker_method, std::string_view kwarg) {
+  wire::StringBuffer buffer;
+  wire::Packer packer(buffer);
+  packer.pack_array(4);
+  wire::pack_str(packer, worker_method);
+  packer.pack_nil();
+  packer.pack_array(0);
+  packer.pack_map(kwarg.empty() ? 0 : 1);
+  if (!kwarg.empty()) wire::pack_str(packer, kwarg);
+  return buffer.take();
+}
+
+// A finish to a rank without a session says so: for closing, that is as good as closed.
+bool session_already_closed(const engine::CallError& error) {
+  return error.kind == CallErrorKind::kFailed &&
+         error.message.find("without a matching start_weight_update") != std::string::npos;
+}
+
+Response with_note(ApiError error, const std::string& note, double seconds) {
+  error.message += "; " + note;
+  return error_response(error, seconds);
+}
+
+}  // namespace
+
+// One lifecycle call, validated: what its engine calls need, kept alive until they are sent.
+struct WeightSyncService::LifecycleCall {
+  const Route* route = nullptr;
+  std::optional<wire::Transcoded> document;
+  std::string_view value;  // the validated init_info / update_info, inside `document`
+  std::string kwarg;
+  std::optional<std::string> version;
+  std::optional<std::string> client;  // its Vllmd-Session id
+};
+
+void WeightSyncService::lifecycle(const Route& route, std::string body,
+                                  std::optional<std::string> client, Done done) {
+  // Validate before queueing: a bad request never waits and never reaches an engine.
+  auto call = std::make_shared<LifecycleCall>();
+  call->route = &route;
+  call->client = std::move(client);
+  if (route.body == Body::kRequired || (route.body == Body::kOptional && !body.empty())) {
+    auto parsed = parse_object_body(body);
+    if (!parsed) return done(error_response(parsed.error()));
+    call->document = std::move(*parsed);
+    std::string().swap(body);  // the msgpack holds everything now
+  }
+  const wire::Transcoded* document = call->document ? &*call->document : nullptr;
+  if (route.operation == Operation::kInitWeightTransfer) {
+    auto info = init_info(*document);
+    if (!info) return done(error_response(info.error()));
+    call->value = *info;
+    call->kwarg = "init_info";
+  } else if (route.operation == Operation::kUpdateWeights) {
+    auto info = update_info(*document);
+    if (!info) return done(error_response(info.error()));
+    call->value = *info;
+    call->kwarg = "update_info";
+  } else if (route.operation == Operation::kFinishWeightUpdate && document) {
+    auto requested = finish_version(*document);
+    if (!requested) return done(error_response(requested.error()));
+    call->version = *requested;
+  } else if (route.operation == Operation::kUpdateWeightVersion) {
+    auto requested = new_version(*document);
+    if (!requested) return done(error_response(requested.error()));
+    call->version = *requested;
+  }
+  lifecycle_queue_.run(
+      [this, call, done](SerialQueue::Finished finished) {
+        run_lifecycle(call, [done, finished](Response response) {
+          finished();
+          done(std::move(response));
+        });
+      },
+      options_.lifecycle_timeout,
+      [done] {
+        done(error_response(
+            engine_timeout("timed out waiting for another weight-sync call to finish")));
+      });
+}
+
+void WeightSyncService::run_lifecycle(const std::shared_ptr<LifecycleCall>& call, Done done) {
+  switch (call->route->operation) {
+    case Operation::kStartWeightUpdate:
+    case Operation::kStartDraftWeightUpdate: return start(call, std::move(done));
+    case Operation::kUpdateWeights: return update(call, std::move(done));
+    case Operation::kFinishWeightUpdate: return finish(call, std::move(done));
+    case Operation::kUpdateWeightVersion:
+      return set_version(*call->version, 0, {}, [version = *call->version, done](Response response) {
+        if (response.status == 200) {
+          response.body = "{\"success\":true,\"new_version\":" + wire::json_string(version) + "}";
+        }
+        done(std::move(response));
+      });
+    default:  // init: no session involved
+      return forward(*call, {}, [call, done](FanOut result) {
+        if (result.error) return done(error_response(*result.error, result.seconds));
+        done(succeeded_response(*call->route, result.seconds));
+      });
+  }
+}
+
+Response WeightSyncService::succeeded_response(const Route& route, double seconds) {
+  Response response;
+  response.engine_seconds = seconds;
+  response.body = message_body(route.success_message);
+  return response;
+}
+
+// The call's worker method through collective_rpc on every engine, only to the engine
+// incarnations given (by rank; empty: any).
+void WeightSyncService::forward(const LifecycleCall& call, std::vector<std::uint64_t> incarnations,
+                                std::function<void(FanOut)> then) {
+  const Route& route = *call.route;
+  const std::string header = collective_rpc_header(route.worker_method, call.kwarg);
+  engine::EngineClient::ArgParts args{header};
+  if (!call.value.empty()) args.push_back(call.value);
+  CallOptions options{options_.lifecycle_timeout, true};
+  options.incarnations = std::move(incarnations);
+  fan_out(std::string(route.worker_method), std::string(route.metric_operation),
+          std::string(route.engine_method), args, options, {}, std::move(then));
+}
+
+void WeightSyncService::start(const std::shared_ptr<LifecycleCall>& call, Done done) {
+  if (auto conflict = sessions_.conflict(call->client)) return done(error_response(*conflict));
+  const std::vector<std::uint64_t> incarnations = current_incarnations();
+  forward(*call, incarnations, [this, call, incarnations, done](FanOut result) {
+    const bool draft = call->route->operation == Operation::kStartDraftWeightUpdate;
+    if (!result.error) {
+      sessions_.opened(call->client, draft, incarnations);
+      return done(succeeded_response(*call->route, result.seconds));
+    }
+    // The ranks that did start now hold a session the others do not: close theirs.
+    const std::vector<int> started = succeeded(result.replies);
+    if (started.empty()) return done(error_response(*result.error, result.seconds));
+    close_sessions(started, incarnations, [result, done](std::string outcome) {
+      done(with_note(*result.error, "no session was opened: " + outcome, result.seconds));
+    });
+  });
+}
+
+void WeightSyncService::update(const std::shared_ptr<LifecycleCall>& call, Done done) {
+  if (auto conflict = sessions_.conflict(call->client)) return done(error_response(*conflict));
+  const std::vector<std::uint64_t> session = sessions_.incarnations();
+  if (auto restarted = restarted_ranks(session); !restarted.empty()) {
+    return lose(restarted, session, true, 0, std::move(done));
+  }
+  forward(*call, session, [this, call, session, done](FanOut result) {
+    const bool reached = std::any_of(result.replies.begin(), result.replies.end(),
+                                     [](const EngineReply& reply) {
+                                       return reply.value ||
+                                              reply.value.error().kind != CallErrorKind::kUnavailable;
+                                     });
+    if (reached) sessions_.updated(!result.error);  // the weights may differ from the label now
+    if (!result.error) return done(succeeded_response(*call->route, result.seconds));
+    if (session.empty()) return done(error_response(*result.error, result.seconds));
+    if (auto restarted = restarted_ranks(session); !restarted.empty()) {
+      return lose(restarted, session, true, result.seconds, done);
+    }
+    // vLLM ends the session on a worker whose update failed and keeps it on the others (and
+    // on the other TP workers of the same engine): close it everywhere.
+    sessions_.closed();
+    close_sessions(all_ranks(), session, [result, done](std::string outcome) {
+      done(with_note(*result.error, "nothing was committed, and " + outcome, result.seconds));
+    });
+  });
+}
+
+void WeightSyncService::finish(const std::shared_ptr<LifecycleCall>& call, Done done) {
+  if (auto conflict = sessions_.conflict(call->client)) return done(error_response(*conflict));
+  const std::vector<std::uint64_t> session = sessions_.incarnations();
+  if (auto restarted = restarted_ranks(session); !restarted.empty()) {
+    return lose(restarted, session, true, 0, std::move(done));
+  }
+  forward(*call, session, [this, call, session, done](FanOut result) {
+    if (auto restarted = restarted_ranks(session); !restarted.empty()) {
+      // The finishes that succeeded were on processes that are gone or on survivors: either
+      // way the engines do not all hold this session's weights. Nothing is committed.
+      return lose(restarted, session, static_cast<bool>(result.error), result.seconds, done);
+    }
+    if (result.error) {
+      sessions_.closed();
+      // vLLM keeps the session open on a worker whose finish failed: close it there.
+      std::vector<int> failed;
+      for (const EngineReply& reply : result.replies) {
+        if (!reply.value) failed.push_back(reply.rank);
+      }
+      const std::vector<int> finished = succeeded(result.replies);
+      const std::string done_ranks =
+          finished.empty() ? "no rank finished" : rank_list(finished) + " finished";
+      return close_sessions(failed, session, [result, done, done_ranks](std::string outcome) {
+        done(with_note(*result.error, "nothing was committed; " + done_ranks + ", and " + outcome,
+                       result.seconds));
+      });
+    }
+    sessions_.closed();
+    if (!call->version) return done(succeeded_response(*call->route, result.seconds));
+    // Commit the version only now that every engine finished, and only on the engine
+    // incarnations that held the session; a failure here is reported as set_weight_version's,
+    // so the trainer can tell it from a failed finish.
+    set_version(*call->version, result.seconds, session, [call, done](Response response) {
+      if (response.status == 200) response.body = message_body(call->route->success_message);
+      done(std::move(response));
+    });
+  });
+}
+
+// set_weight_version on every engine; on success the known state holds `version`, and the
+// version labels the weights again.
+void WeightSyncService::set_version(const std::string& version, double seconds_before,
+                                    std::vector<std::uint64_t> incarnations, Done done) {
+  const std::string args = wire::encode_string_array({version});
+  CallOptions options{options_.lifecycle_timeout, true};
+  options.incarnations = std::move(incarnations);
+  fan_out("set_weight_version", "set_version", "set_weight_version", {args}, options, {},
+          [this, version, seconds_before, done](FanOut set) {
+            const double seconds = seconds_before + set.seconds;
+            if (set.error) return done(error_response(*set.error, seconds));
+            known_.set_version_all(set.sequence, version);
+            sessions_.committed();
+            Response response;
+            response.engine_seconds = seconds;
+            done(std::move(response));
+          });
+}
+
+// A session whose engines restarted: nothing is committed; the survivors' sessions are closed
+// (when they may still be open) so that the next start works everywhere.
+void WeightSyncService::lose(const std::vector<int>& restarted,
+                             const std::vector<std::uint64_t>& session, bool survivors_open,
+                             double seconds, Done done) {
+  sessions_.closed();
+  const std::vector<std::uint64_t> now = current_incarnations();
+  std::string message = rank_list(restarted) + " restarted during the weight-update session (";
+  for (std::size_t i = 0; i < restarted.size(); ++i) {
+    const auto rank = static_cast<std::size_t>(restarted[i]);
+    message += (i > 0 ? ", " : "") + std::string("rank ") + std::to_string(rank) + ": incarnation " +
+               std::to_string(session[rank]) + ", now " + std::to_string(now[rank]);
+  }
+  message += "); nothing was committed";
+  log::warning(message);
+  std::vector<int> survivors;
+  for (std::size_t rank = 0; rank < session.size(); ++rank) {
+    if (std::find(restarted.begin(), restarted.end(), static_cast<int>(rank)) == restarted.end()) {
+      survivors.push_back(static_cast<int>(rank));
+    }
+  }
+  if (!survivors_open || survivors.empty()) {
+    return done(error_response(engine_unavailable(message), seconds));
+  }
+  close_sessions(survivors, session, [message, seconds, done](std::string outcome) {
+    done(error_response(engine_unavailable(message + ", and " + outcome), seconds));
+  });
+}
+
+// Finish without a version on `ranks`, to bring them back to "no session"; `then` gets what
+// came of it, for the error message.
+void WeightSyncService::close_sessions(const std::vector<int>& ranks,
+                                       std::vector<std::uint64_t> incarnations,
+                                       std::function<void(std::string outcome)> then) {
+  if (ranks.empty()) return then("no session was left open");
+  const std::string header = collective_rpc_header("finish_weight_update", "");
+  CallOptions options{options_.lifecycle_timeout, true};
+  options.incarnations = std::move(incarnations);
+  fan_out("finish_weight_update", "", "collective_rpc", {header}, options, ranks,
+          [then](FanOut result) {
+            std::vector<int> closed;
+            std::string open;
+            for (const EngineReply& reply : result.replies) {
+              if (reply.value || session_already_closed(reply.value.error())) {
+                closed.push_back(reply.rank);
+              } else {
+                open += (open.empty() ? "" : "; ") + std::string("engine rank ") +
+                        std::to_string(reply.rank) + " may still hold it (" +
+                        reply.value.error().message + ")";
+              }
+            }
+            std::string outcome;
+            if (!closed.empty()) outcome = "the session was closed on " + rank_list(closed);
+            if (!open.empty()) outcome += (outcome.empty() ? "" : "; ") + open;
+            log::notice("weight-update session recovery: ", outcome);
+            then(outcome);
+          });
+}
+
+std::vector<std::uint64_t> WeightSyncService::current_incarnations() const {
+  std::vector<std::uint64_t> incarnations;
+  for (const engine::EngineStatus& engine : engines_.engines()) {
+    incarnations.push_back(engine.incarnation);
+  }
+  return incarnations;
+}
+
+// The ranks whose engine is no longer the incarnation the session started on.
+std::vector<int> WeightSyncService::restarted_ranks(const std::vector<std::uint64_t>& session) const {
+  std::vector<int> restarted;
+  if (session.empty()) return restarted;
+  const std::vector<std::uint64_t> now = current_incarnations();
+  for (std::size_t rank = 0; rank < session.size() && rank < now.size(); ++rank) {
+    if (now[rank] != session[rank]) restarted.push_back(static_cast<int>(rank));
+  }
+  return restarted;
+}
+
+std::vector<int> WeightSyncService::all_ranks() const {
+  std::vector<int> ranks(static_cast<std::size_t>(engines_.data_parallel_size()));
+  for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int>(i);
+  return ranks;
+}
+
+}  // namespace vllmd::api
