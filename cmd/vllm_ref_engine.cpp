@@ -33,6 +33,7 @@ struct Flags {
   ReferenceEngineOptions options;
   std::string backend = "nccl";
   std::vector<std::string> fail;
+  std::vector<std::string> fail_once;
   std::vector<std::string> delay;  // METHOD=SECONDS
   std::vector<std::string> hold;   // METHOD=SECONDS
   double dp_group_timeout = 30;    // seconds
@@ -141,6 +142,11 @@ void define_flags(CLI::App& app, Flags& flags) {
 
   const std::string faults = "Fault injection";
   app.add_option("--inject-fail", flags.fail, "Reply with a failure to METHOD (repeatable)")
+      ->type_name("METHOD")
+      ->allow_extra_args(false)
+      ->group(faults);
+  app.add_option("--inject-fail-once", flags.fail_once,
+                 "Reply with a failure to the first call of METHOD only (repeatable)")
       ->type_name("METHOD")
       ->allow_extra_args(false)
       ->group(faults);
@@ -253,6 +259,7 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   vllmd::log::parse_level(flags.log_level, level);
   vllmd::log::set_level(level);
   options.faults.fail.insert(flags.fail.begin(), flags.fail.end());
+  options.faults.fail_once.insert(flags.fail_once.begin(), flags.fail_once.end());
   options.faults.exit_silently.insert(flags.exit_silently.begin(), flags.exit_silently.end());
   options.faults.send_dead.insert(flags.send_dead.begin(), flags.send_dead.end());
   options.faults.garbage.insert(flags.garbage.begin(), flags.garbage.end());

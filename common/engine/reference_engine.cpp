@@ -334,11 +334,16 @@ class Session {
     const std::string failure_prefix = "Call to " + call.method + " method failed: ";
     wire::UtilityOutput output;
     output.call_id = request->call_id;
-    if (auto fail = find_fault(faults_.fail, call); fail != faults_.fail.end()) {
+    auto fail = find_fault(faults_.fail, call);
+    auto fail_once = find_fault(faults_.fail_once, call);
+    const bool once = fail == faults_.fail.end() && fail_once != faults_.fail_once.end() &&
+                      failed_once_.insert(*fail_once).second;
+    if (fail != faults_.fail.end() || once) {
+      const std::string failing = once ? *fail_once : *fail;
       // A worker method's failure stands for the workers raising: it reads like theirs.
-      const std::string error = "injected failure in " + *fail;
+      const std::string error = "injected failure in " + failing;
       output.failure_message =
-          failure_prefix + (*fail == call.worker_method ? core_.worker_error(error) : error);
+          failure_prefix + (failing == call.worker_method ? core_.worker_error(error) : error);
     } else if (auto result = core_.call(call.method, call.args_msgpack)) {
       output.value_msgpack = std::move(*result);
     } else {
@@ -378,6 +383,7 @@ class Session {
 
   const ReferenceEngineOptions& options_;
   const Faults& faults_;
+  std::set<std::string> failed_once_;  // --inject-fail-once methods that failed already
   const std::atomic<bool>& stop_requested_;
   std::function<bool(std::chrono::milliseconds)> sleep_;
   ReferenceCore core_;

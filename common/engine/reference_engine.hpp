@@ -27,6 +27,7 @@ namespace vllmd::engine {
 // method reached through collective_rpc ("update_weights").
 struct Faults {
   std::set<std::string> fail;                                // reply with a failure
+  std::set<std::string> fail_once;                           // the same, the first time only
   std::map<std::string, std::chrono::milliseconds> delay;    // block the engine first
   std::map<std::string, std::chrono::milliseconds> hold;     // reply late, serving others
   std::set<std::string> exit_silently;                       // exit without replying
