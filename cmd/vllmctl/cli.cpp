@@ -36,15 +36,18 @@ std::string exit_code_help() {
        << "  " << exit_code::kUnavailable
        << "  daemon or engine unavailable: connect failure, HTTP 503 (or 404)\n"
        << "  " << exit_code::kEngineFailed << "  engine call failed: HTTP 500\n"
-       << "  " << exit_code::kTimeout << "  timeout: HTTP 504, or no reply within --timeout\n"
+       << "  " << exit_code::kTimeout
+       << "  try again later: HTTP 504, no reply within --timeout, or HTTP 409 (another\n"
+       << "      client's weight-update session is open)\n"
        << "  " << exit_code::kUnauthorized << "  unauthorized: HTTP 401 or 403\n"
-       << "  " << exit_code::kConfig << "  bad configuration: --server, token file, -o, --cacert;\n"
-       << "      an https server whose certificate is not trusted\n"
+       << "  " << exit_code::kConfig << "  bad configuration: --server, token file, -o, --cacert,\n"
+       << "      --session; an https server whose certificate is not trusted\n"
        << "\nEnvironment:\n"
        << "  VLLMCTL_SERVER      server URL (default " << kDefaultServer << ")\n"
        << "  VLLMCTL_TOKEN       API key, sent as \"Authorization: Bearer\"\n"
        << "  VLLMCTL_TOKEN_FILE  file holding the API key\n"
-       << "  VLLMCTL_CACERT      --cacert\n";
+       << "  VLLMCTL_CACERT      --cacert\n"
+       << "  VLLMCTL_SESSION     --session\n";
   return text.str();
 }
 
@@ -104,6 +107,11 @@ void define_global_flags(CLI::App& app, GlobalFlags& flags) {
   app.add_option("-o,--output", flags.output, "text|json (json: the server's JSON bodies)")
       ->type_name("FORMAT")
       ->capture_default_str();
+  app.add_option("--session", flags.session,
+                 "weight-update session id sent as Vllmd-Session: a session spread over several "
+                 "commands that no other client may continue")
+      ->envname("VLLMCTL_SESSION")
+      ->type_name("ID");
   app.add_flag("-q,--quiet", flags.quiet, "print nothing on success");
   app.add_flag("-v,--verbose", flags.verbose, "trace requests on stderr");
 }
@@ -188,9 +196,10 @@ void define_others(CLI::App& app, Args& args, Commands& commands) {
   add(add_route_command(app, Operation::kResume), resume);
   const std::string status_routes =
       route_text(Operation::kHealth) + ", " + route_text(Operation::kWorldSize) + ", " +
-      route_text(Operation::kIsPaused) + ", " + route_text(Operation::kWeightInfo);
+      route_text(Operation::kIsPaused) + ", " + route_text(Operation::kWeightInfo) + ", " +
+      route_text(Operation::kSessionStatus);
   add(app.add_subcommand("status",
-                         "health, engines, world size, paused and weight version in one view [" +
+                         "health, engines, world size, paused, weight version and session in one view [" +
                              status_routes + "]"),
       status);
   add(add_route_command(app, Operation::kHealth), health);

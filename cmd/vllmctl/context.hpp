@@ -35,6 +35,13 @@ class Context {
 
   const Output& out() const { return output_; }
   const http::Endpoint& endpoint() const { return client_.endpoint(); }
+  // The weight-update session every call names (Vllmd-Session), or empty.
+  const std::string& session() const { return session_; }
+  Context with_session(std::string session) const {
+    Context copy = *this;
+    copy.session_ = std::move(session);
+    return copy;
+  }
 
   // Sends the route's method and path (from api::kRoutes). A 2xx reply is a value; any
   // other status, and any transport error, is a Failure with its exit code (product.md).
@@ -43,6 +50,7 @@ class Context {
  private:
   http::Client client_;
   Output output_;
+  std::string session_;
 };
 
 // The exit code for a transport error: 69 when the daemon is unreachable, 75 on timeout.

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/api/session.hpp"
 #include "common/http/client.hpp"
 
 namespace vllmd::vllmctl {
@@ -72,8 +73,13 @@ tl::expected<Context, std::string> make_context(const GlobalFlags& flags, const 
   if (!options.ca_file.empty() && endpoint->scheme != "https") {
     return tl::unexpected("--cacert: given, but --server " + endpoint->url() + " is not https");
   }
+  if (!flags.session.empty() && !api::valid_session_id(flags.session)) {
+    return tl::unexpected("--session: '" + flags.session +
+                          "' is not 1 to 128 visible ASCII characters");
+  }
   try {
-    return Context(http::Client(std::move(*endpoint), std::move(options)), output);
+    return Context(http::Client(std::move(*endpoint), std::move(options)), output)
+        .with_session(flags.session);
   } catch (const std::runtime_error& error) {
     return tl::unexpected("--cacert: " + std::string(error.what()));
   }

@@ -21,6 +21,7 @@ struct GlobalFlags {
   std::string output = "text";
   bool quiet = false;
   bool verbose = false;
+  std::string session;  // --session, else VLLMCTL_SESSION: Vllmd-Session on every call
 };
 
 // The output format -o names, or an error message.

@@ -44,6 +44,35 @@ Field query(const Context& context, api::Operation operation, std::string key, s
   return field;
 }
 
+// "open, owned, 12.3 s old, 4 updates", "none", ... from GET /weight_update_session.
+std::string session_text(const JsonReply& session) {
+  auto flag = [&](std::string_view key) { return session.json_field(key) == "true"; };
+  std::string text;
+  if (!flag("open")) {
+    text = "none";
+  } else {
+    text = std::string("open, ") + (flag("owned") ? "owned" : "anonymous") +
+           (flag("draft") ? ", draft" : "") + ", " + session.json_field("age_seconds") +
+           " s old, " + session.json_field("updates") + " update(s)";
+  }
+  if (!flag("version_current")) text += "; the weights changed since a version was committed";
+  return text;
+}
+
+Field query_session(const Context& context) {
+  Field field{"session", "session"};
+  auto reply = context.call(snapshot(api::Operation::kSessionStatus));
+  if (!reply) {
+    field.failure = reply.error();
+    field.text = "unavailable: " + reply.error().message;
+    return field;
+  }
+  auto json = JsonReply::parse(reply->body);
+  field.json = json ? reply->body : "null";
+  field.text = json ? session_text(*json) : "unreadable reply";
+  return field;
+}
+
 }  // namespace
 
 int status(const Context& context) {
@@ -62,6 +91,7 @@ int status(const Context& context) {
   fields.push_back(query(context, api::Operation::kIsPaused, "is_paused", "paused", "is_paused"));
   fields.push_back(query(context, api::Operation::kWeightInfo, "weight_version", "weight version",
                          "weight_version"));
+  fields.push_back(query_session(context));
   Field& paused = fields[1];
   if (!paused.failure) paused.text = paused.json == "true" ? "yes" : "no";
 

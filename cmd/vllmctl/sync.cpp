@@ -2,6 +2,8 @@
 // command. Generation is resumed whatever failed, and the version is only ever committed by
 // a finish that follows successful updates (the daemon commits it after the engines' finish).
 
+#include <random>
+
 #include "cmd/vllmctl/commands.hpp"
 #include "cmd/vllmctl/inputs.hpp"
 #include "common/api/errors.hpp"
@@ -11,14 +13,25 @@ namespace vllmd::vllmctl {
 namespace {
 constexpr std::string_view kCommand = "weights sync";
 
+// A session id of its own, so no other client's call gets into this sync's session.
+std::string fresh_session_id() {
+  std::random_device random;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = "vllmctl-sync-";
+  for (int i = 0; i < 16; ++i) id.push_back(kHex[random() % 16]);
+  return id;
+}
+
 std::string step_name(std::string_view step, const std::string& detail = "") {
   return std::string(kCommand) + ": " + std::string(step) +
          (detail.empty() ? "" : " (" + detail + ")");
 }
 }  // namespace
 
-int weights_sync(const Context& context, const SyncArgs& args) {
+int weights_sync(const Context& given, const SyncArgs& args) {
   using api::Operation;
+  // --session / VLLMCTL_SESSION when given (a session spread over commands), else a fresh one.
+  const Context context = given.session().empty() ? given.with_session(fresh_session_id()) : given;
   std::vector<InfoInput> inputs{InfoInput(args.init, InfoKind::kInit)};
   for (const std::string& update : args.updates) inputs.emplace_back(update, InfoKind::kUpdate);
   // All inputs are checked before generation is paused: a typo must not cost a pause.

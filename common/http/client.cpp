@@ -195,6 +195,7 @@ tl::expected<Reply, TransportError> Client::attempt(const Request& request) cons
   http_request.setKeepAlive(false);
   http_request.set("Accept", "application/json");
   if (!options_.token.empty()) http_request.set("Authorization", "Bearer " + options_.token);
+  if (!request.session.empty()) http_request.set("Vllmd-Session", std::string(request.session));
   if (request.body) {
     http_request.setContentType("application/json");
     http_request.setContentLength64(static_cast<Poco::Int64>(request.body->size()));

@@ -66,6 +66,8 @@ struct Request {
   std::optional<std::string_view> body;
   Progress progress;
   bool retry = true;  // false: one attempt even for a GET (a snapshot that must be quick)
+  // Sent as `Vllmd-Session`: the weight-update session this request belongs to (empty: none).
+  std::string_view session = {};
 };
 
 struct RetryPolicy {

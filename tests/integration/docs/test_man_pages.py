@@ -220,7 +220,7 @@ class ManPageTest(unittest.TestCase):
         self.assertEqual(tags, codes)
         variables = blocks.get("Environment", [])
         self.assertEqual(variables, ["VLLMCTL_SERVER", "VLLMCTL_TOKEN", "VLLMCTL_TOKEN_FILE",
-                                     "VLLMCTL_CACERT"])
+                                     "VLLMCTL_CACERT", "VLLMCTL_SESSION"])
         environment = flat(self.section("vllmctl.1", "ENVIRONMENT"))
         for variable in variables:
             self.assertTrue(has_word(environment, variable), variable)

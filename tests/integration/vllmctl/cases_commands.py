@@ -35,13 +35,23 @@ class CommandsTest(CtlTestCase):
         self.assertRegex(text, r"(?m)^world size\s+1$")
         self.assertRegex(text, r"(?m)^paused\s+no$")
         self.assertRegex(text, r"(?m)^weight version\s+default$")
+        self.assertRegex(text, r"(?m)^session\s+none$")
         self.assertIn(self.server, text)
         self.assert_ok(self.ctl("pause"))
         self.assert_ok(self.ctl("weights", "set-version", "step-3"))
         status = self.json_lines(self.assert_ok(self.ctl("-o", "json", "status")))
         self.assertEqual(status, [{"server": self.server, "healthy": True,
                                    "engines": "all ready", "world_size": 1, "is_paused": True,
-                                   "weight_version": "step-3"}])
+                                   "weight_version": "step-3",
+                                   "session": {"open": False, "version_current": True}}])
+        # A session spread over commands, owned by its id: another client cannot finish it.
+        self.assert_ok(self.ctl("--session", "job-7", "weights", "start"))
+        self.assertRegex(self.assert_ok(self.ctl("status")).stdout,
+                         r"(?m)^session\s+open, owned, [0-9.]+ s old, 0 update\(s\)$")
+        refused = self.ctl("weights", "finish")
+        self.assertEqual(refused.returncode, 75, refused.stderr)
+        self.assertIn("owned by another client", refused.stderr)
+        self.assert_ok(self.ctl("weights", "finish", env={"VLLMCTL_SESSION": "job-7"}))
 
     def test_lifecycle_text(self):
         self.assertEqual(self.assert_ok(self.ctl("weights", "init", "--info", "init.json")).stdout,
