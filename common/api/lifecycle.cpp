@@ -167,12 +167,26 @@ void WeightSyncService::start(const std::shared_ptr<LifecycleCall>& call, Done d
   });
 }
 
-void WeightSyncService::update(const std::shared_ptr<LifecycleCall>& call, Done done) {
-  if (auto conflict = sessions_.conflict(call->client)) return done(error_response(*conflict));
-  const std::vector<std::uint64_t> session = sessions_.incarnations();
-  if (auto restarted = restarted_ranks(session); !restarted.empty()) {
-    return lose(restarted, session, true, 0, std::move(done));
+// Whether the caller may go on with the open session (or none): a conflict, or a session
+// lost to a restarted engine, is answered here. The session's incarnations when it may.
+std::optional<std::vector<std::uint64_t>> WeightSyncService::continue_session(
+    const LifecycleCall& call, Done& done) {
+  if (auto conflict = sessions_.conflict(call.client)) {
+    done(error_response(*conflict));
+    return std::nullopt;
   }
+  std::vector<std::uint64_t> session = sessions_.incarnations();
+  if (auto restarted = restarted_ranks(session); !restarted.empty()) {
+    lose(restarted, session, true, 0, std::move(done));
+    return std::nullopt;
+  }
+  return session;
+}
+
+void WeightSyncService::update(const std::shared_ptr<LifecycleCall>& call, Done done) {
+  const auto continued = continue_session(*call, done);
+  if (!continued) return;
+  const std::vector<std::uint64_t>& session = *continued;
   forward(*call, session, [this, call, session, done](FanOut result) {
     const bool reached = std::any_of(result.replies.begin(), result.replies.end(),
                                      [](const EngineReply& reply) {
@@ -195,11 +209,9 @@ void WeightSyncService::update(const std::shared_ptr<LifecycleCall>& call, Done 
 }
 
 void WeightSyncService::finish(const std::shared_ptr<LifecycleCall>& call, Done done) {
-  if (auto conflict = sessions_.conflict(call->client)) return done(error_response(*conflict));
-  const std::vector<std::uint64_t> session = sessions_.incarnations();
-  if (auto restarted = restarted_ranks(session); !restarted.empty()) {
-    return lose(restarted, session, true, 0, std::move(done));
-  }
+  const auto continued = continue_session(*call, done);
+  if (!continued) return;
+  const std::vector<std::uint64_t>& session = *continued;
   forward(*call, session, [this, call, session, done](FanOut result) {
     if (auto restarted = restarted_ranks(session); !restarted.empty()) {
       // The finishes that succeeded were on processes that are gone or on survivors: either

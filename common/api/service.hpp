@@ -100,6 +100,8 @@ class WeightSyncService {
   void forward(const LifecycleCall& call, std::vector<std::uint64_t> incarnations,
                std::function<void(FanOut)> then);
   void start(const std::shared_ptr<LifecycleCall>& call, Done done);
+  std::optional<std::vector<std::uint64_t>> continue_session(const LifecycleCall& call,
+                                                             Done& done);
   void update(const std::shared_ptr<LifecycleCall>& call, Done done);
   void finish(const std::shared_ptr<LifecycleCall>& call, Done done);
   void set_version(const std::string& version, double seconds_before,
