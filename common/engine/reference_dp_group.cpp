@@ -208,7 +208,11 @@ void read_hello(Peer& peer, std::size_t index, int size, std::map<int, std::size
 // Rank 0 listens, collects a hello from every other rank and answers all of them at once.
 Result serve_group(const DpGroupRequest& request, std::int64_t group_port,
                    const std::atomic<bool>& stop) {
-  auto listener = listen_at(request.master.ip, group_port);
+  // On every interface, as torch's TCPStore server does: the master's address is where the
+  // other ranks connect, not necessarily one of this host's (without a master in INIT it is
+  // the frontend's).
+  const bool v6 = request.master.ip.find(':') != std::string::npos;
+  auto listener = listen_at(v6 ? "::" : "0.0.0.0", group_port);
   if (!listener) return tl::unexpected(listener.error());
   const std::string own = describe(request.size, request.master);
   const auto deadline = Clock::now() + request.timeout;

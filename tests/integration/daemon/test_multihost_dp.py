@@ -381,16 +381,13 @@ class NoDataParallelMasterTest(MultiHostTestCase):
                 waited = timestamp(failed.group(1)) - timestamp(forming.group(1))
                 error = failed.group(2)
                 if engine.rank == 0:
-                    # torch's TCPStore server binds every interface and times out waiting for
-                    # clients (the DistStoreError form). The reference engine binds the
-                    # master's address instead, which is not on engines-a: it fails at once.
-                    self.assertRegex(error, "|".join([
-                        rf"^cannot listen at {re.escape(vllmd_ip)}:\d+: "
-                        r"Cannot assign requested address$",
-                        rf"^torch\.distributed\.DistStoreError: Timed out after "
-                        rf"{self.GROUP_TIMEOUT + 1} seconds waiting for clients\. "
-                        rf"1/{DP} clients joined\.$"]))
-                    self.assertLess(waited, self.GROUP_TIMEOUT + 1, log)
+                    # Like torch's TCPStore server, rank 0 listens on every interface and
+                    # times out waiting for the clients that went to masters of their own.
+                    self.assertRegex(error,
+                                     rf"^torch\.distributed\.DistStoreError: Timed out after "
+                                     rf"{self.GROUP_TIMEOUT + 1} seconds waiting for clients\. "
+                                     rf"1/{DP} clients joined\.$")
+                    self.assertGreaterEqual(waited, self.GROUP_TIMEOUT - 0.05, log)
                 else:
                     # Nobody listens at the master each of them made up: the client times out.
                     self.assertRegex(
