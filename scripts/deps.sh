@@ -11,6 +11,8 @@ packages=(
   curl
   # HTTPS tests make their certificates.
   openssl
+  # Engine-link tests cut TCP connections (ss -K) and stand in for hosts (ip netns).
+  iproute2
   # Man pages (mandoc -T lint) and the Debian package test: cpack's dpkg-shlibdeps, man -w,
   # systemd-analyze verify.
   mandoc dpkg-dev man-db systemd
