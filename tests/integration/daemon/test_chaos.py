@@ -407,7 +407,8 @@ class ChaosTest(harness.DaemonTestCase):
         self.assertEqual([v["what"] for v in violations], [], summary)
         self.assertTrue(final_ok, f"no fresh owned cycle committed in {FINAL_SECONDS} s after "
                                   f"the chaos (session before: {session_before}); attempts:\n"
-                        + "\n".join("; ".join(outcome) for outcome in attempts[-3:]))
+                        + "\n".join("; ".join(outcome) for outcome in attempts[-3:])
+                        + "\n" + self._record_tails())
         self.assertIsNotNone(final_info)
         self.assert_json(final_info, 200, {"weight_version": "final"})
         self.assertGreaterEqual(self.kills + self.cuts, MIN_FAULTS, summary)
@@ -442,6 +443,7 @@ class ChaosTest(harness.DaemonTestCase):
         violations = []
         finishes = {cycle["version"]: cycle["finish"] for cycle in self.cycles}
         finishes["final"] = (200, "") if "final" in self.committed else None
+        on_rank = self._set_on_rank()
 
         # 1. Every version /weight_info answered was committed by a finish answering 200.
         for version, at in self.seen.items():
@@ -450,8 +452,10 @@ class ChaosTest(harness.DaemonTestCase):
             if version.startswith("anon-"):
                 what = f"/weight_info answered {version!r}, which no one committed"
             elif version in finishes:
+                reached = [rank for rank in range(DP) if version in on_rank[rank]]
                 what = (f"/weight_info answered {version!r}, whose finish answered "
-                        f"{finishes[version]}")
+                        f"{finishes[version]}; set_weight_version({version!r}) is in the "
+                        f"records of rank(s) {reached}")
             else:
                 what = f"/weight_info answered {version!r}, which was never sent"
             violations.append({"what": what, "at": at})
@@ -481,7 +485,6 @@ class ChaosTest(harness.DaemonTestCase):
 
         # 4. The engines' records: set_weight_version only right after a finish, never an
         # anon-* version, and every version the trainer was told is committed on both ranks.
-        on_rank = [set() for _ in range(DP)]
         for rank, engine in self.all_engines:
             previous = None
             for call in engine.calls():
@@ -490,7 +493,6 @@ class ChaosTest(harness.DaemonTestCase):
                     continue
                 if name == "set_weight_version":
                     version = call["args"][0]
-                    on_rank[rank].add(version)
                     if previous != "finish_weight_update":
                         violations.append({"what": f"{engine.name} got set_weight_version "
                                                    f"{version!r} after {previous!r}"})
@@ -504,6 +506,24 @@ class ChaosTest(harness.DaemonTestCase):
                 violations.append({"what": f"{version!r} committed (finish 200) but no "
                                            f"set_weight_version reached rank(s) {missing}"})
         return violations
+
+    def _set_on_rank(self):
+        """The versions set_weight_version brought to each rank, from the records."""
+        on_rank = [set() for _ in range(DP)]
+        for rank, engine in self.all_engines:
+            for call in engine.calls():
+                if call["method"] == "set_weight_version":
+                    on_rank[rank].add(call["args"][0])
+        return on_rank
+
+    def _record_tails(self):
+        """The last lifecycle calls each running engine received (probes left out)."""
+        lines = []
+        for rank, engine in enumerate(self.engines):
+            names = [call["worker_method"] or call["method"] for call in engine.calls()]
+            names = [name for name in names if name not in PROBES]
+            lines.append(f"rank {rank} ({engine.name}) last calls: {names[-8:]}")
+        return "\n".join(lines)
 
     def _keep_evidence(self):
         keep = tempfile.mkdtemp(prefix=f"vllmd-chaos-evidence-{self.seed}-")
