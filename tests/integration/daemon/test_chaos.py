@@ -10,6 +10,8 @@ commits):
   newer one);
 - in the engines' --record files, set_weight_version only ever follows a finish_weight_update,
   and a version the trainer was told is committed reached both ranks;
+- the next start works on every rank: no rank refuses a start as "already active" while the
+  others start (it would hold a session vllmd closed everywhere else, or never knew of);
 - afterwards no session is left stuck: a fresh owned cycle commits "final" within 10 s.
 
 The seed is printed (CHAOS_SEED=N reruns the same fault schedule; thread timing still varies).
