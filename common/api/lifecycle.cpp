@@ -151,20 +151,50 @@ void WeightSyncService::forward(const LifecycleCall& call, std::vector<std::uint
 
 void WeightSyncService::start(const std::shared_ptr<LifecycleCall>& call, Done done) {
   if (auto conflict = sessions_.conflict(call->client)) return done(error_response(*conflict));
-  const std::vector<std::uint64_t> incarnations = current_incarnations();
-  forward(*call, incarnations, [this, call, incarnations, done](FanOut result) {
-    const bool draft = call->route->operation == Operation::kStartDraftWeightUpdate;
-    if (!result.error) {
-      sessions_.opened(call->client, draft, incarnations);
-      return done(succeeded_response(*call->route, result.seconds));
-    }
-    // The ranks that did start now hold a session the others do not: close theirs.
-    const std::vector<int> started = succeeded(result.replies);
-    if (started.empty()) return done(error_response(*result.error, result.seconds));
-    close_sessions(started, incarnations, [result, done](std::string outcome) {
-      done(with_note(*result.error, "no session was opened: " + outcome, result.seconds));
+  // A rank that may still hold a session vllmd gave up on is closed first, or it would refuse.
+  flush_pending_closes([this, call, done] {
+    const std::vector<std::uint64_t> incarnations = current_incarnations();
+    forward(*call, incarnations, [this, call, incarnations, done](FanOut result) {
+      const bool draft = call->route->operation == Operation::kStartDraftWeightUpdate;
+      if (!result.error) {
+        sessions_.opened(call->client, draft, incarnations);
+        return done(succeeded_response(*call->route, result.seconds));
+      }
+      // The ranks that did start (or may have: the reply was lost) hold a session the others
+      // do not: close theirs.
+      std::vector<int> started;
+      for (const EngineReply& reply : result.replies) {
+        if (reply.value || reply.value.error().sent) started.push_back(reply.rank);
+      }
+      if (started.empty()) return done(error_response(*result.error, result.seconds));
+      close_sessions(started, incarnations, [result, done](std::string outcome) {
+        done(with_note(*result.error, "no session was opened: " + outcome, result.seconds));
+      });
     });
   });
+}
+
+// Closes the sessions of ranks that were unreachable when vllmd closed them, now that they
+// answer again (same incarnation; a restarted one holds no session), then runs `then`.
+void WeightSyncService::flush_pending_closes(std::function<void()> then) {
+  const std::vector<engine::EngineStatus> engines = engines_.engines();
+  std::vector<int> ranks;
+  std::vector<std::uint64_t> incarnations;
+  for (const engine::EngineStatus& engine : engines) incarnations.push_back(engine.incarnation);
+  {
+    std::lock_guard lock(pending_closes_mutex_);
+    for (auto it = pending_closes_.begin(); it != pending_closes_.end();) {
+      const auto& engine = engines[static_cast<std::size_t>(it->first)];
+      if (engine.incarnation != it->second) {
+        it = pending_closes_.erase(it);  // a new process: no session to close
+        continue;
+      }
+      if (engine.state == engine::EngineState::kReady) ranks.push_back(it->first);
+      ++it;
+    }
+  }
+  if (ranks.empty()) return then();
+  close_sessions(ranks, incarnations, [then](const std::string&) { then(); });
 }
 
 // Whether the caller may go on with the open session (or none): a conflict, or a session
@@ -255,7 +285,17 @@ void WeightSyncService::set_version(const std::string& version, double seconds_b
   fan_out("set_weight_version", "set_version", "set_weight_version", {args}, options, {},
           [this, version, seconds_before, done](FanOut set) {
             const double seconds = seconds_before + set.seconds;
-            if (set.error) return done(error_response(*set.error, seconds));
+            if (set.error) {
+              std::vector<int> unknown;  // sent, but the answer was lost: it may have applied
+              for (const EngineReply& reply : set.replies) {
+                if (!reply.value && reply.value.error().sent) unknown.push_back(reply.rank);
+              }
+              if (unknown.empty()) return done(error_response(*set.error, seconds));
+              return done(with_note(*set.error,
+                                    "the version may have been applied on " + rank_list(unknown) +
+                                        " before its answer was lost: GET /weight_info tells",
+                                    seconds));
+            }
             known_.set_version_all(set.sequence, version);
             sessions_.committed();
             Response response;
@@ -303,24 +343,40 @@ void WeightSyncService::close_sessions(const std::vector<int>& ranks,
   CallOptions options{options_.lifecycle_timeout, true};
   options.incarnations = std::move(incarnations);
   fan_out("finish_weight_update", "", "collective_rpc", {header}, options, ranks,
-          [then](FanOut result) {
-            std::vector<int> closed;
-            std::string open;
-            for (const EngineReply& reply : result.replies) {
-              if (reply.value || session_already_closed(reply.value.error())) {
-                closed.push_back(reply.rank);
-              } else {
-                open += (open.empty() ? "" : "; ") + std::string("engine rank ") +
-                        std::to_string(reply.rank) + " may still hold it (" +
-                        reply.value.error().message + ")";
-              }
-            }
-            std::string outcome;
-            if (!closed.empty()) outcome = "the session was closed on " + rank_list(closed);
-            if (!open.empty()) outcome += (outcome.empty() ? "" : "; ") + open;
+          [this, then, incarnations = options.incarnations](FanOut result) {
+            const std::string outcome = close_outcome(result.replies, incarnations);
             log::notice("weight-update session recovery: ", outcome);
             then(outcome);
           });
+}
+
+// What closing achieved, for the error message; a rank it could not reach is remembered
+// (pending_closes_) and closed when it answers again, if it is still the same process.
+std::string WeightSyncService::close_outcome(const std::vector<EngineReply>& replies,
+                                             const std::vector<std::uint64_t>& incarnations) {
+  std::vector<int> closed;
+  std::string open;
+  bool retried = false;
+  std::lock_guard lock(pending_closes_mutex_);
+  for (const EngineReply& reply : replies) {
+    const auto rank = static_cast<std::size_t>(reply.rank);
+    if (reply.value || session_already_closed(reply.value.error())) {
+      closed.push_back(reply.rank);
+      pending_closes_.erase(reply.rank);
+      continue;
+    }
+    if (reply.value.error().kind != CallErrorKind::kFailed && rank < incarnations.size()) {
+      pending_closes_[reply.rank] = incarnations[rank];
+      retried = true;
+    }
+    open += (open.empty() ? "" : "; ") + std::string("engine rank ") + std::to_string(reply.rank) +
+            " may still hold it (" + reply.value.error().message + ")";
+  }
+  if (retried) open += "; vllmd closes it when the rank answers again";
+  std::string outcome;
+  if (!closed.empty()) outcome = "the session was closed on " + rank_list(closed);
+  if (!open.empty()) outcome += (outcome.empty() ? "" : "; ") + open;
+  return outcome;
 }
 
 std::vector<std::uint64_t> WeightSyncService::current_incarnations() const {

@@ -237,9 +237,20 @@ void WeightSyncService::scheduler(const Route& route, const Query& query, Done d
   });
 }
 
-// A pause or resume that could not reach an engine goes out once it is ready again.
+// A pause or resume that could not reach an engine goes out once it is ready again, and so
+// does the close of a session it may still hold (in the lifecycle queue, before any start).
 void WeightSyncService::on_engine_state(const engine::EngineStatus& engine) {
   if (engine.state != engine::EngineState::kReady) return;
+  bool close_pending = false;
+  {
+    std::lock_guard lock(pending_closes_mutex_);
+    close_pending = pending_closes_.count(engine.rank) > 0;
+  }
+  if (close_pending) {
+    lifecycle_queue_.run(
+        [this](SerialQueue::Finished finished) { flush_pending_closes(finished); },
+        options_.lifecycle_timeout, [] {});
+  }
   std::pair<std::string, std::string> call;
   {
     std::lock_guard lock(scheduler_mutex_);

@@ -100,6 +100,7 @@ class WeightSyncService {
   void forward(const LifecycleCall& call, std::vector<std::uint64_t> incarnations,
                std::function<void(FanOut)> then);
   void start(const std::shared_ptr<LifecycleCall>& call, Done done);
+  void flush_pending_closes(std::function<void()> then);
   std::optional<std::vector<std::uint64_t>> continue_session(const LifecycleCall& call,
                                                              Done& done);
   void update(const std::shared_ptr<LifecycleCall>& call, Done done);
@@ -110,6 +111,8 @@ class WeightSyncService {
             bool survivors_open, double seconds, Done done);
   void close_sessions(const std::vector<int>& ranks, std::vector<std::uint64_t> incarnations,
                       std::function<void(std::string outcome)> then);
+  std::string close_outcome(const std::vector<engine::EngineReply>& replies,
+                            const std::vector<std::uint64_t>& incarnations);
   std::vector<std::uint64_t> current_incarnations() const;
   std::vector<int> restarted_ranks(const std::vector<std::uint64_t>& session) const;
   std::vector<int> all_ranks() const;
@@ -136,6 +139,10 @@ class WeightSyncService {
   // delivered as soon as the engine is ready again. By rank: the method and its args.
   std::mutex scheduler_mutex_;
   std::map<int, std::pair<std::string, std::string>> undelivered_scheduler_;
+  // Ranks that were unreachable when vllmd closed their session (by rank: the incarnation
+  // that may still hold it): closed once they answer again, and before any start.
+  std::mutex pending_closes_mutex_;
+  std::map<int, std::uint64_t> pending_closes_;
 };
 
 }  // namespace vllmd::api

@@ -82,6 +82,9 @@ std::string_view error_kind_name(CallErrorKind kind);
 struct CallError {
   CallErrorKind kind = CallErrorKind::kFailed;
   std::string message;
+  // The call had reached the engine's socket (a timeout, or a connection lost while it was
+  // pending): the engine may have run it. False: refused before sending, or answered.
+  bool sent = false;
 };
 
 struct EngineReply {

@@ -259,7 +259,10 @@ void EngineClient::Impl::fail_pending(int rank, CallErrorKind kind, const std::s
     }
     auto next = std::next(it);
     PendingCall call = take_pending(it);
-    if (call.batch) call.batch->complete(call.index, tl::unexpected(CallError{kind, message}));
+    // Pending calls were sent: whether the engine ran them is unknown.
+    if (call.batch) {
+      call.batch->complete(call.index, tl::unexpected(CallError{kind, message, true}));
+    }
     it = next;
   }
 }
@@ -291,7 +294,8 @@ void EngineClient::Impl::expire(Clock::time_point now) {
         call.index,
         tl::unexpected(CallError{CallErrorKind::kTimeout,
                                  "engine rank " + std::to_string(call.rank) + " did not answer " +
-                                     call.method + " within " + seconds_text(call.options.timeout)}));
+                                     call.method + " within " + seconds_text(call.options.timeout),
+                                 true}));
   }
   expire_startups(now);
 }

@@ -4,12 +4,15 @@ nothing committed, the survivors' sessions closed so the next start works). A fi
 failed on one rank leaves no rank in a session. Reads answer 503 while an engine is not
 attached, and a resume that could not reach an engine is delivered once it answers again."""
 
+import os
+import signal
 import threading
 import time
 import unittest
 
 import harness
 from harness import NCCL_INIT_INFO, rpc
+from test_engine_liveness import cut_connections_to, input_port, without_probes
 
 UPDATE = {"update_info": harness.update_info("model.w")}
 
@@ -102,6 +105,28 @@ class IncarnationTest(harness.DaemonTestCase):
         self.assertEqual(daemon.post("/update_weights", json=UPDATE).status_code, 200)
         self.assertEqual(daemon.post("/finish_weight_update",
                                      json={"weight_version": "v3"}).status_code, 200)
+
+    def test_a_session_on_a_rank_cut_off_meanwhile_is_closed_once_it_is_back(self):
+        # Found by the chaos test: the rank was unreachable when vllmd closed the session
+        # everywhere, kept it, and refused every later start ("already active").
+        daemon, engines = self.start()
+        self.assertEqual(daemon.post("/start_weight_update").status_code, 200)
+        os.kill(engines[0].pid, signal.SIGSTOP)  # it cannot reconnect while stopped
+        self.addCleanup(lambda: engines[0].alive() and os.kill(engines[0].pid, signal.SIGCONT))
+        cut_connections_to(input_port(daemon))
+        harness.wait_until(lambda: "disconnected" in daemon.get("/health").text, 5,
+                           message="rank 0 disconnected")
+        error = self.assert_error(daemon.post("/update_weights", json=UPDATE), 503,
+                                  "engine_unavailable", type_="server_error")
+        self.assertIn("engine rank 0 may still hold it", error["message"])
+        self.assertIn("vllmd closes it when the rank answers again", error["message"])
+        os.kill(engines[0].pid, signal.SIGCONT)
+        harness.wait_until(lambda: daemon.health_status() == 200, 10, message="rank 0 back")
+        harness.wait_until(lambda: without_probes(harness.call_names(engines[0].calls()))[-1:] ==
+                           ["finish_weight_update"], 5, message="rank 0's session closed")
+        self.assertEqual(daemon.post("/start_weight_update").status_code, 200)
+        self.assertEqual(daemon.post("/finish_weight_update",
+                                     json={"weight_version": "after-cut"}).status_code, 200)
 
     def test_reads_answer_503_without_an_engine(self):
         handshake = f"tcp://{harness.HOST}:{harness.free_port()}"
