@@ -250,10 +250,13 @@ void WeightSyncService::finish(const std::shared_ptr<LifecycleCall>& call, Done 
     }
     if (result.error) {
       sessions_.closed();
-      // vLLM keeps the session open on a worker whose finish failed: close it there.
+      // vLLM keeps the session open on a worker whose finish failed: close it there (not
+      // where it failed for want of a session, as when another client finished it).
       std::vector<int> failed;
       for (const EngineReply& reply : result.replies) {
-        if (!reply.value) failed.push_back(reply.rank);
+        if (!reply.value && !session_already_closed(reply.value.error())) {
+          failed.push_back(reply.rank);
+        }
       }
       const std::vector<int> finished = succeeded(result.replies);
       const std::string done_ranks =

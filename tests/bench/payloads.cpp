@@ -125,9 +125,7 @@ Body ipc_update_body(const MoeModel& model) {
     }
     out += '}';
   });
-  out += R"(,"ipc_handles_pickled":")";
-  append_base64(out, random, 16);
-  out += "\"}}";
+  out += "}}";
   return body;
 }
 

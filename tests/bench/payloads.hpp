@@ -41,10 +41,10 @@ struct Body {
 // broadcasts the tensors themselves (~1.4 MB for the 30B model).
 Body nccl_update_body(const MoeModel& model);
 
-// {"update_info": {names, dtype_names, shapes, tensor_sizes, ipc_handles, ipc_handles_pickled}}
-// with ipc_handles unpacked: per tensor, GPU id -> base64 handle (~40 MB for the 30B model,
-// ~79 MB for the 235B one). tensor_sizes and ipc_handles_pickled are there because the
-// reference engine's IPC backend requires them.
+// {"update_info": {names, dtype_names, shapes, tensor_sizes, ipc_handles}} with ipc_handles
+// unpacked: per tensor, GPU id -> base64 handle (~40 MB for the 30B model, ~79 MB for the
+// 235B one), as vLLM's IPCWeightTransferUpdateInfo takes them (ipc_handles_pickled is the
+// other form; one of the two, never both).
 Body ipc_update_body(const MoeModel& model);
 
 // The payloads by name, for the command line: "nccl-30b", "ipc-30b", "ipc-235b".

@@ -131,8 +131,8 @@ class CompletionTest(CtlTestCase):
                          ["set-version", "start", "sync"])
         self.assertEqual(self.complete("vllmctl", "--server", "http://x", "weights", "sync", "--"),
                          sorted(["--init", "--update", "--version", "--no-pause", "--server",
-                                 "--token-file", "--timeout", "--output", "--quiet", "--verbose",
-                                 "--help"]))
+                                 "--token-file", "--cacert", "--session", "--timeout", "--output",
+                                 "--quiet", "--verbose", "--help"]))
         self.assertEqual(self.complete("vllmctl", "pause", "--mode", ""),
                          ["abort", "keep", "wait"])
         self.assertEqual(self.complete("vllmctl", "-o", "j"), ["json"])
