@@ -311,6 +311,9 @@ void Server::Impl::run() {
         if (listening) accept_all();
       } else {
         on_event(id, events[static_cast<std::size_t>(i)].events);
+        // Answers given on this thread go out now, not after the whole round: with many
+        // ready connections the first one's answer would otherwise wait for all the others.
+        drain_mailbox();
       }
     }
     drain_mailbox();
