@@ -164,6 +164,19 @@ class UndeliveredResumeTest(harness.DaemonTestCase):
         self.assertIn("delivered resume_scheduler to engine rank 0 now that it answers again",
                       daemon.log())
 
+    def test_a_resume_that_times_out_says_so_and_still_takes_effect(self):
+        # The engine is busy past the call timeout: the resume is with it and runs when it
+        # gets to it; the answer says generation may still be paused, and reads ask again.
+        daemon, (engine,), _ = self.start_external(
+            engine_extra={0: ["--inject-delay", "resume_scheduler=3"]},
+            daemon_args=("--call-timeout", "1"))
+        self.assertEqual(daemon.post("/pause").status_code, 200)
+        error = self.assert_error(daemon.post("/resume"), 504, "engine_timeout",
+                                  type_="server_error")
+        self.assertIn("generation may still be paused", error["message"])
+        harness.wait_until(lambda: daemon.get("/is_paused").json() == {"is_paused": False}, 10,
+                           message="the resume in effect")
+
 
 if __name__ == "__main__":
     unittest.main()
