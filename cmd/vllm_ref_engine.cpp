@@ -88,8 +88,7 @@ void add_method_seconds(std::map<std::string, std::chrono::milliseconds>& faults
   }
 }
 
-void add_parallel_size(CLI::App& app, const std::string& name, int& size,
-                       const std::string& help) {
+void add_parallel_size(CLI::App& app, const std::string& name, int& size, const std::string& help) {
   app.add_option(name, size, help)->type_name("N")->check(CLI::Range(1, 1024));
 }
 

@@ -1,5 +1,6 @@
 #include "daemon/config.hpp"
 
+#include <toml++/toml.h>
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdlib>
@@ -7,7 +8,6 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
-#include <toml++/toml.h>
 #include <variant>
 
 #include "common/engine/reference_core.hpp"
@@ -27,7 +27,8 @@ std::string_view mode_name(EngineMode mode) {
 
 std::optional<HostPort> parse_data_parallel_master(std::string_view text) {
   const std::size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size()) return std::nullopt;
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size())
+    return std::nullopt;
   std::string_view host = text.substr(0, colon);
   if (host.front() == '[') {
     if (host.size() < 3 || host.back() != ']') return std::nullopt;
@@ -61,10 +62,7 @@ struct Setting {
   std::function<Value(const Config&)> get;
 };
 
-template <typename T>
-const T& as(const Value& value) {
-  return std::get<T>(value);
-}
+template <typename T> const T& as(const Value& value) { return std::get<T>(value); }
 
 std::optional<std::string> in_range(std::int64_t value, std::int64_t low, std::int64_t high) {
   if (value < low || value > high) {
@@ -237,18 +235,23 @@ const std::vector<Setting>& settings() {
        [](Config& c, const Value& v) -> std::optional<std::string> {
          const std::string& mode = as<std::string>(v);
          c.mode_set = true;
-         if (mode == "embedded") c.mode = EngineMode::kEmbedded;
-         else if (mode == "external") c.mode = EngineMode::kExternal;
-         else if (mode == "managed") c.mode = EngineMode::kManaged;
-         else return "must be embedded, external or managed, got '" + mode + "'";
+         if (mode == "embedded")
+           c.mode = EngineMode::kEmbedded;
+         else if (mode == "external")
+           c.mode = EngineMode::kExternal;
+         else if (mode == "managed")
+           c.mode = EngineMode::kManaged;
+         else
+           return "must be embedded, external or managed, got '" + mode + "'";
          return std::nullopt;
        },
        [](const Config& c) -> Value { return std::string(mode_name(c.mode)); }},
-      {"engine.handshake_address", "--handshake-address", "VLLMD_HANDSHAKE_ADDRESS",
-       Kind::kString, "where engines connect: tcp://host:port or ipc:///path",
+      {"engine.handshake_address", "--handshake-address", "VLLMD_HANDSHAKE_ADDRESS", Kind::kString,
+       "where engines connect: tcp://host:port or ipc:///path",
        [](Config& c, const Value& v) -> std::optional<std::string> {
          c.handshake_address = as<std::string>(v);
-         if (!c.handshake_address.starts_with("tcp://") && !c.handshake_address.starts_with("ipc://")) {
+         if (!c.handshake_address.starts_with("tcp://") &&
+             !c.handshake_address.starts_with("ipc://")) {
            return "must start with tcp:// or ipc://";
          }
          return std::nullopt;
@@ -261,8 +264,8 @@ const std::vector<Setting>& settings() {
          return std::nullopt;
        },
        [](const Config& c) -> Value { return c.advertised_host; }},
-      {"engine.data_parallel_size", "--data-parallel-size", "VLLMD_DATA_PARALLEL_SIZE",
-       Kind::kInt, "number of engines (DP ranks)",
+      {"engine.data_parallel_size", "--data-parallel-size", "VLLMD_DATA_PARALLEL_SIZE", Kind::kInt,
+       "number of engines (DP ranks)",
        [](Config& c, const Value& v) {
          c.data_parallel_size = static_cast<int>(as<std::int64_t>(v));
          return in_range(as<std::int64_t>(v), 1, 65536);
@@ -277,7 +280,8 @@ const std::vector<Setting>& settings() {
        },
        [](const Config& c) -> Value { return c.data_parallel_master; }},
       {"engine.command", "--engine-command", "VLLMD_ENGINE_COMMAND", Kind::kStrings,
-       "managed mode: engine argv; {handshake_address}, {handshake_host}, {handshake_port} filled in",
+       "managed mode: engine argv; {handshake_address}, {handshake_host}, {handshake_port} filled "
+       "in",
        [](Config& c, const Value& v) -> std::optional<std::string> {
          c.command = as<Strings>(v);
          return std::nullopt;
@@ -298,7 +302,8 @@ const std::vector<Setting>& settings() {
        },
        [](const Config& c) -> Value { return c.query_timeout; }},
       {"engine.startup_timeout", "--engine-startup-timeout", "VLLMD_ENGINE_STARTUP_TIMEOUT",
-       Kind::kDouble, "seconds from HELLO to READY (the model load) before an engine reads as dead "
+       Kind::kDouble,
+       "seconds from HELLO to READY (the model load) before an engine reads as dead "
        "(a later READY is still admitted); 0: no limit",
        [](Config& c, const Value& v) {
          c.startup_timeout = as<double>(v);
@@ -357,8 +362,10 @@ Strings split_words(std::string_view text) {
   bool in_word = false;
   for (const char c : text) {
     if (quote != 0) {
-      if (c == quote) quote = 0;
-      else word.push_back(c);
+      if (c == quote)
+        quote = 0;
+      else
+        word.push_back(c);
     } else if (c == '"' || c == '\'') {
       quote = c;
       in_word = true;
@@ -413,8 +420,10 @@ tl::expected<Value, std::string> parse_text(const Setting& setting, std::string_
           std::size_t end = text.find(',', start);
           if (end == std::string_view::npos) end = text.size();
           std::string_view item = text.substr(start, end - start);
-          while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
-          while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
+          while (!item.empty() && (item.front() == ' ' || item.front() == '\t'))
+            item.remove_prefix(1);
+          while (!item.empty() && (item.back() == ' ' || item.back() == '\t'))
+            item.remove_suffix(1);
           if (!item.empty()) blocks.emplace_back(item);
           start = end + 1;
         }
@@ -501,8 +510,10 @@ std::optional<ConfigError> apply_file(Config& config, const std::string& path) {
 
 std::optional<ConfigError> finish(Config& config) {
   if (!config.mode_set) {
-    if (!config.command.empty()) config.mode = EngineMode::kManaged;
-    else if (!config.handshake_address.empty()) config.mode = EngineMode::kExternal;
+    if (!config.command.empty())
+      config.mode = EngineMode::kManaged;
+    else if (!config.handshake_address.empty())
+      config.mode = EngineMode::kExternal;
   }
   switch (config.mode) {
     case EngineMode::kEmbedded:
@@ -567,9 +578,12 @@ tl::expected<Invocation, LoadError> load(int argc, const char* const* argv) {
   CLI::App app{"vllmd: the vLLM weight-synchronization control plane"};
   app.set_version_flag("", "");
   std::string config_path;
-  app.add_option("--config", config_path, "TOML configuration file (default /etc/vllmd/vllmd.toml when present)");
-  app.add_flag("--print-config", invocation.print_config, "print the effective configuration and exit");
-  app.add_flag("--check-config", invocation.check_config, "validate the configuration and exit (78 when bad)");
+  app.add_option("--config", config_path,
+                 "TOML configuration file (default /etc/vllmd/vllmd.toml when present)");
+  app.add_flag("--print-config", invocation.print_config,
+               "print the effective configuration and exit");
+  app.add_flag("--check-config", invocation.check_config,
+               "validate the configuration and exit (78 when bad)");
   app.add_flag("--version", invocation.version, "print the version and exit");
 
   // One slot per setting flag: boolean flags switch their setting on; --allow repeats.
@@ -587,9 +601,12 @@ tl::expected<Invocation, LoadError> load(int argc, const char* const* argv) {
     slot.setting = &setting;
     const std::string flag(setting.flag);
     const std::string help(setting.help);
-    if (setting.kind == Kind::kBool) app.add_flag(flag, slot.on, help);
-    else if (setting.key == "server.allowlist") app.add_option(flag, slot.texts, help);
-    else app.add_option(flag, slot.text, help);
+    if (setting.kind == Kind::kBool)
+      app.add_flag(flag, slot.on, help);
+    else if (setting.key == "server.allowlist")
+      app.add_option(flag, slot.texts, help);
+    else
+      app.add_option(flag, slot.text, help);
   }
   try {
     app.parse(argc, argv);
@@ -603,14 +620,17 @@ tl::expected<Invocation, LoadError> load(int argc, const char* const* argv) {
 
   Config& config = invocation.config;
   if (config_path.empty()) {
-    if (const char* env = std::getenv("VLLMD_CONFIG")) config_path = env;
-    else if (std::filesystem::exists("/etc/vllmd/vllmd.toml")) config_path = "/etc/vllmd/vllmd.toml";
+    if (const char* env = std::getenv("VLLMD_CONFIG"))
+      config_path = env;
+    else if (std::filesystem::exists("/etc/vllmd/vllmd.toml"))
+      config_path = "/etc/vllmd/vllmd.toml";
   }
   if (!config_path.empty()) {
     if (!std::filesystem::exists(config_path)) {
       return tl::unexpected(LoadError{{config_path, "configuration file not found"}, false});
     }
-    if (auto error = apply_file(config, config_path)) return tl::unexpected(LoadError{*error, false});
+    if (auto error = apply_file(config, config_path))
+      return tl::unexpected(LoadError{*error, false});
   }
   for (const Setting& setting : settings()) {
     if (setting.env.empty()) continue;
@@ -657,13 +677,16 @@ std::string to_toml(const Config& config) {
     std::visit(
         [&](const auto& v) {
           using T = std::decay_t<decltype(v)>;
-          if constexpr (std::is_same_v<T, bool>) out << (v ? "true" : "false");
-          else if constexpr (std::is_same_v<T, std::string>) out << toml::value<std::string>(v);
+          if constexpr (std::is_same_v<T, bool>)
+            out << (v ? "true" : "false");
+          else if constexpr (std::is_same_v<T, std::string>)
+            out << toml::value<std::string>(v);
           else if constexpr (std::is_same_v<T, Strings>) {
             toml::array array;
             for (const std::string& item : v) array.push_back(item);
             out << array;
-          } else out << v;
+          } else
+            out << v;
         },
         value);
     out << "\n";

@@ -20,22 +20,22 @@ struct Config {
   std::string host = "127.0.0.1";
   int port = 8000;
   bool dev_mode = false;
-  int threads = 4;                 // executor: large-body validation, reloads
-  int max_queued = 64;             // complete requests waiting for a worker
+  int threads = 4;      // executor: large-body validation, reloads
+  int max_queued = 64;  // complete requests waiting for a worker
   int max_connections = 4096;
   int max_header_bytes = 16384;
-  std::string tls_cert_file;       // set: HTTPS only
-  std::string tls_key_file;        // empty: in the certificate file
-  double timeout = 10;             // seconds a connection may sit idle mid-request
-  double keep_alive_timeout = 5;   // seconds an idle keep-alive connection is kept
-  double drain_timeout = 30;       // seconds in-flight requests get at shutdown
+  std::string tls_cert_file;          // set: HTTPS only
+  std::string tls_key_file;           // empty: in the certificate file
+  double timeout = 10;                // seconds a connection may sit idle mid-request
+  double keep_alive_timeout = 5;      // seconds an idle keep-alive connection is kept
+  double drain_timeout = 30;          // seconds in-flight requests get at shutdown
   double session_idle_timeout = 600;  // an owned weight-update session idle this long: anonymous
   std::int64_t max_body_bytes = 128LL << 20;
   std::vector<std::string> api_keys;
   std::string api_key_file;
-  std::string port_file;           // written with the bound port once listening
+  std::string port_file;               // written with the bound port once listening
   std::vector<std::string> allowlist;  // CIDR blocks of allowed peers; empty: all
-  bool insecure_dev_mode = false;  // allow dev mode on a non-loopback address unprotected
+  bool insecure_dev_mode = false;      // allow dev mode on a non-loopback address unprotected
   // [engine]
   EngineMode mode = EngineMode::kEmbedded;
   bool mode_set = false;
@@ -46,11 +46,11 @@ struct Config {
   std::vector<std::string> command;  // managed: argv, {handshake_address} etc. filled in
   double call_timeout = 1800;        // lifecycle calls (NCCL init/update block for minutes)
   double query_timeout = 10;
-  double startup_timeout = 0;        // HELLO -> READY (model load); 0: none
-  double probe_interval = 10;        // liveness probe of an idle engine; 0: off
-  std::int64_t world_size = 1;       // for engines that send an empty registration
-  std::string backend = "nccl";      // embedded reference engine
-  int tensor_parallel_size = 1;      // embedded reference engine
+  double startup_timeout = 0;    // HELLO -> READY (model load); 0: none
+  double probe_interval = 10;    // liveness probe of an idle engine; 0: off
+  std::int64_t world_size = 1;   // for engines that send an empty registration
+  std::string backend = "nccl";  // embedded reference engine
+  int tensor_parallel_size = 1;  // embedded reference engine
   // [log]
   std::string log_level = "info";
 

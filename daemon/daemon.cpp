@@ -4,9 +4,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <mutex>
-#include <iostream>
 
 #include "common/api/errors.hpp"
 #include "common/util/cidr.hpp"
@@ -20,9 +20,9 @@
 
 #include <Poco/Net/Context.h>
 #include <Poco/Net/HTTPClientSession.h>
-#include <Poco/Net/HTTPSClientSession.h>
 #include <Poco/Net/HTTPRequest.h>
 #include <Poco/Net/HTTPResponse.h>
+#include <Poco/Net/HTTPSClientSession.h>
 
 namespace vllmd::daemon {
 
@@ -100,7 +100,8 @@ void apply_log_level(const Config& config) {
 Policy policy_of(const Config& config) {
   Policy policy{config.max_body_bytes, config.api_keys, {}};
   for (const std::string& block : config.allowlist) {
-    if (auto parsed = util::Cidr::parse(block)) policy.allowlist.push_back(*parsed);  // checked at load
+    if (auto parsed = util::Cidr::parse(block))
+      policy.allowlist.push_back(*parsed);  // checked at load
   }
   return policy;
 }
@@ -116,14 +117,14 @@ std::optional<std::string> reload(int argc, const char* const* argv, const Confi
   }
   const Config& next = fresh->config;
   const bool restart_needed =
-      next.host != running.host || next.port != running.port ||
-      next.dev_mode != running.dev_mode || next.threads != running.threads ||
-      next.insecure_dev_mode != running.insecure_dev_mode ||
+      next.host != running.host || next.port != running.port || next.dev_mode != running.dev_mode ||
+      next.threads != running.threads || next.insecure_dev_mode != running.insecure_dev_mode ||
       next.handshake_address != running.handshake_address || next.mode != running.mode ||
       next.data_parallel_size != running.data_parallel_size || next.command != running.command;
   if (restart_needed) {
-    log::warning("reload: listener, dev-mode or engine settings changed; they apply at the next "
-                 "restart");
+    log::warning(
+        "reload: listener, dev-mode or engine settings changed; they apply at the next "
+        "restart");
   }
   // Said before the new level applies, so the line survives a move to a quieter level.
   log::notice("configuration reloaded: log level ", next.log_level, ", ", next.api_keys.size(),
@@ -159,7 +160,8 @@ int run(int argc, const char* const* argv) {
     return 0;
   }
   if (invocation->check_config) {
-    std::cout << "configuration OK" << (config.config_file.empty() ? "" : " (" + config.config_file + ")") << "\n";
+    std::cout << "configuration OK"
+              << (config.config_file.empty() ? "" : " (" + config.config_file + ")") << "\n";
     return 0;
   }
   apply_log_level(config);
@@ -210,10 +212,9 @@ int run(int argc, const char* const* argv) {
       [&service](const engine::EngineStatus& engine) { service.on_engine_state(engine); });
 
   Metrics metrics;
-  service.set_operation_observer(
-      [&metrics](std::string_view operation, double seconds) {
-        metrics.observe_operation(operation, seconds);
-      });
+  service.set_operation_observer([&metrics](std::string_view operation, double seconds) {
+    metrics.observe_operation(operation, seconds);
+  });
   context.service = &service;
   context.engines = &(*engines)->client();
   context.metrics = &metrics;

@@ -19,7 +19,8 @@ std::chrono::milliseconds millis(double seconds) {
 }
 
 void replace_all(std::string& text, std::string_view from, std::string_view to) {
-  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+  for (std::size_t at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size())) {
     text.replace(at, from.size(), to);
   }
 }
@@ -64,8 +65,9 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
   engines->client_ = std::move(*client);
 
   if (config.mode == EngineMode::kEmbedded) {
-    log::warning("embedded mode: serving the in-process reference engine; no model is loaded and "
-                 "no weights go anywhere");
+    log::warning(
+        "embedded mode: serving the in-process reference engine; no model is loaded and "
+        "no weights go anywhere");
     engine::ReferenceEngineOptions reference;
     reference.handshake_address = engines->client_->handshake_endpoint();
     reference.tensor_parallel_size = config.tensor_parallel_size;
@@ -77,9 +79,10 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
       return tl::unexpected(spawned.error());
     }
   } else {
-    log::info("external mode: start engines with `vllm serve MODEL --headless "
-              "--data-parallel-address HOST --data-parallel-rpc-port PORT` at ",
-              engines->client_->handshake_endpoint());
+    log::info(
+        "external mode: start engines with `vllm serve MODEL --headless "
+        "--data-parallel-address HOST --data-parallel-rpc-port PORT` at ",
+        engines->client_->handshake_endpoint());
   }
   return engines;
 }
@@ -92,8 +95,8 @@ tl::expected<void, std::string> Engines::spawn_managed(const Config& config) {
   const int error = posix_spawnp(&managed_pid_, args[0], nullptr, nullptr, args.data(), environ);
   if (error != 0) {
     managed_pid_ = -1;
-    return tl::unexpected("cannot start the engine command '" + argv[0] + "': " +
-                          std::strerror(error));
+    return tl::unexpected("cannot start the engine command '" + argv[0] +
+                          "': " + std::strerror(error));
   }
   log::info("managed mode: started engine process ", managed_pid_, ": ", argv[0]);
   supervisor_ = std::thread([this, pid = managed_pid_] {

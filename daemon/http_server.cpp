@@ -120,7 +120,8 @@ class Router {
     }
     if (!health && !policy->api_keys.empty() &&
         !authorized(head.field(http::KnownField::kAuthorization), policy->api_keys)) {
-      return refuse(api::unauthorized("missing or invalid API key"), {{"WWW-Authenticate", "Bearer"}});
+      return refuse(api::unauthorized("missing or invalid API key"),
+                    {{"WWW-Authenticate", "Bearer"}});
     }
     const std::string_view session = head.field("vllmd-session");
     if (!session.empty() &&
@@ -128,8 +129,8 @@ class Router {
       return refuse(api::invalid_request(
           "the Vllmd-Session header must be one id of 1 to 128 visible ASCII characters"));
     }
-    const bool to_executor = head.content_length > kInlineBodyBytes ||
-                             head.framing == http::BodyFraming::kChunked;
+    const bool to_executor =
+        head.content_length > kInlineBodyBytes || head.framing == http::BodyFraming::kChunked;
     if (to_executor && context_.executor != nullptr &&
         static_cast<int>(context_.executor->queued()) >= context_.max_queued) {
       return refuse(api::server_busy("too many requests waiting (server.max_queued)"));
@@ -141,7 +142,9 @@ class Router {
     if (question != std::string_view::npos) match->query = std::string(target.substr(question + 1));
     match->peer = peer;
     if (!session.empty()) match->session = std::string(session);
-    decision.on_request = [this, match](http::ExchangePtr exchange) { serve(match, std::move(exchange)); };
+    decision.on_request = [this, match](http::ExchangePtr exchange) {
+      serve(match, std::move(exchange));
+    };
     return decision;
   }
 
@@ -184,8 +187,8 @@ class Router {
       // Where the time went (W3C Server-Timing, milliseconds): receiving the body, waiting
       // for the engines, and vllmd's own work in between (validation, transcoding, framing).
       char timing[160];
-      std::snprintf(timing, sizeof timing, "read;dur=%.3f, engine;dur=%.3f, vllmd;dur=%.3f",
-                    read, engine, std::max(0.0, total - read - engine));
+      std::snprintf(timing, sizeof timing, "read;dur=%.3f, engine;dur=%.3f, vllmd;dur=%.3f", read,
+                    engine, std::max(0.0, total - read - engine));
       response.headers.emplace_back("Server-Timing", timing);
     }
     const int status = response.status;
@@ -199,8 +202,8 @@ class Router {
     if (context_.metrics != nullptr) context_.metrics->count_request(path, status);
     if (!log::enabled(log::Level::kInfo)) return;
     log::info(peer_text(peer), " ", log::escaped(method), " ", log::escaped(path), " ", status, " ",
-              static_cast<long long>(total_ms * 1000) / 1000.0, "ms engine=",
-              static_cast<long long>(engine_ms * 1000) / 1000.0, "ms");
+              static_cast<long long>(total_ms * 1000) / 1000.0,
+              "ms engine=", static_cast<long long>(engine_ms * 1000) / 1000.0, "ms");
   }
 
   api::Response reload() const {

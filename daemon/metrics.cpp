@@ -10,13 +10,14 @@ namespace {
 constexpr std::string_view kOperationMetric = "vllm:rl_weight_update_operation_duration_seconds";
 // Every operation label appears from the start, so dashboards see zeros rather than gaps.
 constexpr std::array<std::string_view, 6> kOperations = {"init",   "start",  "start_draft",
-                                                          "update", "finish", "set_version"};
+                                                         "update", "finish", "set_version"};
 }  // namespace
 
 void Metrics::observe_operation(std::string_view operation, double seconds) {
   std::lock_guard lock(mutex_);
   auto found = operations_.find(operation);
-  if (found == operations_.end()) found = operations_.emplace(std::string(operation), Histogram{}).first;
+  if (found == operations_.end())
+    found = operations_.emplace(std::string(operation), Histogram{}).first;
   Histogram& histogram = found->second;
   for (std::size_t i = 0; i < kBuckets.size(); ++i) {
     if (seconds <= kBuckets[i]) {
@@ -31,15 +32,14 @@ void Metrics::observe_operation(std::string_view operation, double seconds) {
 void Metrics::count_request(std::string_view route, int status) {
   // Only table routes get their own label: arbitrary paths must not grow the series set.
   const api::Route* found = api::find_route(route);
-  const std::size_t index =
-      found != nullptr ? static_cast<std::size_t>(found - api::kRoutes.data()) : api::kRoutes.size();
+  const std::size_t index = found != nullptr ? static_cast<std::size_t>(found - api::kRoutes.data())
+                                             : api::kRoutes.size();
   std::lock_guard lock(mutex_);
   ++requests_[{index, status}];
 }
 
 std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
-                            std::size_t pending_calls,
-                            const ConnectionGauges& connections) const {
+                            std::size_t pending_calls, const ConnectionGauges& connections) const {
   std::ostringstream out;
   out.precision(9);
   std::lock_guard lock(mutex_);
@@ -68,8 +68,8 @@ std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
   for (const auto& [key, count] : requests_) {
     const std::string_view route =
         key.first < api::kRoutes.size() ? api::kRoutes[key.first].path : std::string_view("other");
-    out << "vllmd_http_requests_total{route=\"" << route << "\",status=\"" << key.second
-        << "\"} " << count << "\n";
+    out << "vllmd_http_requests_total{route=\"" << route << "\",status=\"" << key.second << "\"} "
+        << count << "\n";
   }
 
   out << "# HELP vllmd_engine_up Whether the engine of each DP rank is attached and alive.\n"

@@ -27,9 +27,8 @@ struct ConnectionGauges {
 class Metrics {
  public:
   // Upper bounds of the duration buckets, seconds; +Inf is implied.
-  static constexpr std::array<double, 17> kBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                      0.5,   1,    2.5,   5,    10,  30,
-                                                      60,    120,  300,   600,  1800};
+  static constexpr std::array<double, 17> kBuckets = {
+      0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800};
 
   void observe_operation(std::string_view operation, double seconds);
   void count_request(std::string_view route, int status);

@@ -64,17 +64,18 @@ std::string Notifier::engines_status() const {
                     ? "waiting for " + rank
                     : rank + " " + std::string(engine::state_name(engine.state)));
   }
-  std::string status = std::to_string(ready) + "/" + std::to_string(engines.size()) +
-                       " engine(s) attached";
+  std::string status =
+      std::to_string(ready) + "/" + std::to_string(engines.size()) + " engine(s) attached";
   if (!waiting.empty()) status += "; " + waiting;
   return status;
 }
 
 void Notifier::watch() {
   // Half the watchdog period, as systemd recommends; a quarter second otherwise.
-  const auto period = watchdog_.count() > 0
-                          ? std::min<std::chrono::microseconds>(watchdog_ / 2, std::chrono::seconds(1))
-                          : std::chrono::microseconds(std::chrono::milliseconds(250));
+  const auto period =
+      watchdog_.count() > 0
+          ? std::min<std::chrono::microseconds>(watchdog_ / 2, std::chrono::seconds(1))
+          : std::chrono::microseconds(std::chrono::milliseconds(250));
   bool ready_sent = false;
   std::string last_status;
   std::unique_lock lock(mutex_);

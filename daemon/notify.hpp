@@ -22,8 +22,8 @@ class Notifier {
   Notifier(engine::EngineClient& engines, std::function<bool()> probe);
   ~Notifier();
 
-  void start();     // after the server listens
-  void stopping();  // STOPPING=1; stops the watch thread
+  void start();      // after the server listens
+  void stopping();   // STOPPING=1; stops the watch thread
   void reloading();  // RELOADING=1
   void reloaded();   // READY=1 again
   bool active() const { return active_; }

@@ -198,9 +198,10 @@ void define_others(CLI::App& app, Args& args, Commands& commands) {
       route_text(Operation::kHealth) + ", " + route_text(Operation::kWorldSize) + ", " +
       route_text(Operation::kIsPaused) + ", " + route_text(Operation::kWeightInfo) + ", " +
       route_text(Operation::kSessionStatus);
-  add(app.add_subcommand("status",
-                         "health, engines, world size, paused, weight version and session in one view [" +
-                             status_routes + "]"),
+  add(app.add_subcommand(
+          "status",
+          "health, engines, world size, paused, weight version and session in one view [" +
+              status_routes + "]"),
       status);
   add(add_route_command(app, Operation::kHealth), health);
   add(add_route_command(app, Operation::kReload), reload);

@@ -29,26 +29,16 @@ std::string success_text(Operation operation, const std::optional<JsonReply>& js
       text = version ? *version : (json ? json->json_field("weight_version") : "");
       break;
     }
-    case Operation::kWorldSize:
-      text = json ? json->json_field("world_size") : "";
-      break;
+    case Operation::kWorldSize: text = json ? json->json_field("world_size") : ""; break;
     case Operation::kUpdateWeightVersion: {
       auto version = json ? json->string_field("new_version") : std::nullopt;
       text = "weight version set to " + (version ? *version : std::string("?"));
       break;
     }
-    case Operation::kPause:
-      text = "generation paused";
-      break;
-    case Operation::kResume:
-      text = "generation resumed";
-      break;
-    case Operation::kHealth:
-      text = "healthy";
-      break;
-    case Operation::kReload:
-      text = "configuration reloaded";
-      break;
+    case Operation::kPause: text = "generation paused"; break;
+    case Operation::kResume: text = "generation resumed"; break;
+    case Operation::kHealth: text = "healthy"; break;
+    case Operation::kReload: text = "configuration reloaded"; break;
     default: {
       // The message routes: the server's own words ("Weights updated"), as a status line.
       auto message = json ? json->string_field("message") : std::nullopt;
@@ -156,16 +146,10 @@ int pause(const Context& context, const std::string& mode, bool keep_cache) {
   return run_step(context, "pause", call);
 }
 
-int resume(const Context& context) {
-  return run_step(context, "resume", Call{Operation::kResume});
-}
+int resume(const Context& context) { return run_step(context, "resume", Call{Operation::kResume}); }
 
-int reload(const Context& context) {
-  return run_step(context, "reload", Call{Operation::kReload});
-}
+int reload(const Context& context) { return run_step(context, "reload", Call{Operation::kReload}); }
 
-int health(const Context& context) {
-  return run_step(context, "health", Call{Operation::kHealth});
-}
+int health(const Context& context) { return run_step(context, "health", Call{Operation::kHealth}); }
 
 }  // namespace vllmd::vllmctl

@@ -7,13 +7,11 @@ namespace vllmd::vllmctl {
 
 int exit_code_for(const http::TransportError& error) {
   switch (error.kind) {
-    case http::TransportErrorKind::kTimeout:
-      return api::exit_code::kTimeout;
+    case http::TransportErrorKind::kTimeout: return api::exit_code::kTimeout;
     case http::TransportErrorKind::kTls:
       return api::exit_code::kConfig;  // an untrusted certificate stays untrusted: --cacert
     case http::TransportErrorKind::kConnectFailed:
-    case http::TransportErrorKind::kOther:
-      return api::exit_code::kUnavailable;
+    case http::TransportErrorKind::kOther: return api::exit_code::kUnavailable;
   }
   return api::exit_code::kUnavailable;
 }

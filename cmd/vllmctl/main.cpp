@@ -1,5 +1,3 @@
 #include "cmd/vllmctl/cli.hpp"
 
-int main(int argc, char** argv) {
-  return vllmd::vllmctl::run(argc, argv);
-}
+int main(int argc, char** argv) { return vllmd::vllmctl::run(argc, argv); }

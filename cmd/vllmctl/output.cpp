@@ -15,9 +15,7 @@ void write_line(std::FILE* stream, std::string_view text) {
 }  // namespace
 
 Output::Output(Format format, bool quiet, bool verbose)
-    : format_(format),
-      quiet_(quiet),
-      verbose_(verbose),
+    : format_(format), quiet_(quiet), verbose_(verbose),
       progress_(!quiet && ::isatty(STDERR_FILENO) == 1) {}
 
 void Output::result(std::string_view text, std::string_view json) const {

@@ -16,7 +16,7 @@ inline constexpr std::string_view kDefaultServer = "http://127.0.0.1:8000";
 struct GlobalFlags {
   std::string server = std::string(kDefaultServer);  // --server, else VLLMCTL_SERVER
   std::string token_file;
-  std::string ca_file;  // --cacert, else VLLMCTL_CACERT
+  std::string ca_file;   // --cacert, else VLLMCTL_CACERT
   double timeout = 300;  // vLLM's weight-sync client default
   std::string output = "text";
   bool quiet = false;

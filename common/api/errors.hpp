@@ -10,8 +10,8 @@ namespace vllmd::api {
 
 struct ApiError {
   int status = 500;
-  std::string type;     // "invalid_request_error", "authentication_error", "server_error"
-  std::string code;     // "invalid_request_error", "json_parse_error", "engine_unavailable", ...
+  std::string type;  // "invalid_request_error", "authentication_error", "server_error"
+  std::string code;  // "invalid_request_error", "json_parse_error", "engine_unavailable", ...
   std::string message;
   std::optional<std::string> param;
 

@@ -23,7 +23,8 @@ void KnownState::sync(const std::vector<engine::EngineStatus>& engines) {
 
 void KnownState::changing_version(std::uint64_t sequence) {
   std::lock_guard lock(mutex_);
-  for (Engine& known : engines_) known.version.changing = std::max(known.version.changing, sequence);
+  for (Engine& known : engines_)
+    known.version.changing = std::max(known.version.changing, sequence);
 }
 
 void KnownState::changing_paused(std::uint64_t sequence) {

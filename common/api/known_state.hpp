@@ -46,8 +46,7 @@ class KnownState {
   bool paused() const;  // any engine paused
 
  private:
-  template <typename T>
-  struct Known {
+  template <typename T> struct Known {
     T value{};
     std::uint64_t written = 0;   // sequence of the call the value came from
     std::uint64_t changing = 0;  // sequence of the newest call that may have changed it

@@ -114,12 +114,14 @@ void WeightSyncService::run_lifecycle(const std::shared_ptr<LifecycleCall>& call
     case Operation::kUpdateWeights: return update(call, std::move(done));
     case Operation::kFinishWeightUpdate: return finish(call, std::move(done));
     case Operation::kUpdateWeightVersion:
-      return set_version(*call->version, 0, {}, [version = *call->version, done](Response response) {
-        if (response.status == 200) {
-          response.body = "{\"success\":true,\"new_version\":" + wire::json_string(version) + "}";
-        }
-        done(std::move(response));
-      });
+      return set_version(
+          *call->version, 0, {}, [version = *call->version, done](Response response) {
+            if (response.status == 200) {
+              response.body =
+                  "{\"success\":true,\"new_version\":" + wire::json_string(version) + "}";
+            }
+            done(std::move(response));
+          });
     default:  // init: no session involved
       return forward(*call, {}, [call, done](FanOut result) {
         if (result.error) return done(error_response(*result.error, result.seconds));
@@ -218,11 +220,10 @@ void WeightSyncService::update(const std::shared_ptr<LifecycleCall>& call, Done 
   if (!continued) return;
   const std::vector<std::uint64_t>& session = *continued;
   forward(*call, session, [this, call, session, done](FanOut result) {
-    const bool reached = std::any_of(result.replies.begin(), result.replies.end(),
-                                     [](const EngineReply& reply) {
-                                       return reply.value ||
-                                              reply.value.error().kind != CallErrorKind::kUnavailable;
-                                     });
+    const bool reached =
+        std::any_of(result.replies.begin(), result.replies.end(), [](const EngineReply& reply) {
+          return reply.value || reply.value.error().kind != CallErrorKind::kUnavailable;
+        });
     if (reached) sessions_.updated(!result.error);  // the weights may differ from the label now
     if (!result.error) return done(succeeded_response(*call->route, result.seconds));
     if (session.empty()) return done(error_response(*result.error, result.seconds));
@@ -317,8 +318,9 @@ void WeightSyncService::lose(const std::vector<int>& restarted,
   std::string message = rank_list(restarted) + " restarted during the weight-update session (";
   for (std::size_t i = 0; i < restarted.size(); ++i) {
     const auto rank = static_cast<std::size_t>(restarted[i]);
-    message += (i > 0 ? ", " : "") + std::string("rank ") + std::to_string(rank) + ": incarnation " +
-               std::to_string(session[rank]) + ", now " + std::to_string(now[rank]);
+    message += (i > 0 ? ", " : "") + std::string("rank ") + std::to_string(rank) +
+               ": incarnation " + std::to_string(session[rank]) + ", now " +
+               std::to_string(now[rank]);
   }
   message += "); nothing was committed";
   log::warning(message);
@@ -391,7 +393,8 @@ std::vector<std::uint64_t> WeightSyncService::current_incarnations() const {
 }
 
 // The ranks whose engine is no longer the incarnation the session started on.
-std::vector<int> WeightSyncService::restarted_ranks(const std::vector<std::uint64_t>& session) const {
+std::vector<int> WeightSyncService::restarted_ranks(
+    const std::vector<std::uint64_t>& session) const {
   std::vector<int> restarted;
   if (session.empty()) return restarted;
   const std::vector<std::uint64_t> now = current_incarnations();

@@ -30,9 +30,9 @@ tl::expected<std::string_view, ApiError> init_info(const wire::Transcoded& body)
 
 tl::expected<std::string_view, ApiError> update_info(const wire::Transcoded& body) {
   const wire::TopLevelMember* member = body.find("update_info");
-  const bool valid = member != nullptr &&
-                     (member->kind == JsonKind::kObject ||
-                      (member->kind == JsonKind::kArray && member->all_elements_objects));
+  const bool valid =
+      member != nullptr && (member->kind == JsonKind::kObject ||
+                            (member->kind == JsonKind::kArray && member->all_elements_objects));
   if (!valid) {
     return tl::unexpected(invalid_request(
         "'update_info' must be a JSON object or a list of per-worker JSON objects", "update_info"));
@@ -89,9 +89,8 @@ tl::expected<bool, ApiError> query_bool(const Query& query, std::string_view key
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (lower == "true" || lower == "1" || lower == "yes" || lower == "on") return true;
   if (lower == "false" || lower == "0" || lower == "no" || lower == "off") return false;
-  return tl::unexpected(invalid_request("'" + std::string(key) + "' must be a boolean, got '" +
-                                            *value + "'",
-                                        std::string(key)));
+  return tl::unexpected(invalid_request(
+      "'" + std::string(key) + "' must be a boolean, got '" + *value + "'", std::string(key)));
 }
 
 tl::expected<std::string, ApiError> pause_mode(const Query& query) {
@@ -109,7 +108,8 @@ std::string percent_decode(std::string_view text) {
   for (std::size_t i = 0; i < text.size(); ++i) {
     if (text[i] == '+') {
       out.push_back(' ');
-    } else if (text[i] == '%' && i + 2 < text.size() && std::isxdigit(static_cast<unsigned char>(text[i + 1])) &&
+    } else if (text[i] == '%' && i + 2 < text.size() &&
+               std::isxdigit(static_cast<unsigned char>(text[i + 1])) &&
                std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
       out.push_back(static_cast<char>(std::stoi(std::string(text.substr(i + 1, 2)), nullptr, 16)));
       i += 2;

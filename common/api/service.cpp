@@ -35,9 +35,7 @@ std::string pause_args(const std::string& mode, bool clear_cache) {
 
 WeightSyncService::WeightSyncService(engine::EngineClient& engines, ServiceOptions options,
                                      util::Executor* executor)
-    : engines_(engines),
-      options_(options),
-      lifecycle_queue_(executor),
+    : engines_(engines), options_(options), lifecycle_queue_(executor),
       sessions_(options.session_idle_timeout) {}
 
 void WeightSyncService::fan_out(std::string operation_name, std::string metric,
@@ -59,20 +57,20 @@ void WeightSyncService::fan_out(std::string operation_name, std::string metric,
   auto completion = [this, started, sequence, operation_name = std::move(operation_name),
                      metric = std::move(metric),
                      then = std::move(then)](std::vector<EngineReply> replies) {
-        --calls_in_flight_;
-        FanOut result;
-        result.sequence = sequence;
-        result.replies = std::move(replies);
-        result.seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        result.error = summarize(operation_name, result.replies);
-        const bool reached_engine = std::any_of(
-            result.replies.begin(), result.replies.end(), [](const EngineReply& reply) {
-              return reply.value || reply.value.error().kind != CallErrorKind::kUnavailable;
-            });
-        if (observer_ && !metric.empty() && reached_engine) observer_(metric, result.seconds);
-        if (result.error) log::warning(result.error->message);
-        then(std::move(result));
+    --calls_in_flight_;
+    FanOut result;
+    result.sequence = sequence;
+    result.replies = std::move(replies);
+    result.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    result.error = summarize(operation_name, result.replies);
+    const bool reached_engine =
+        std::any_of(result.replies.begin(), result.replies.end(), [](const EngineReply& reply) {
+          return reply.value || reply.value.error().kind != CallErrorKind::kUnavailable;
+        });
+    if (observer_ && !metric.empty() && reached_engine) observer_(metric, result.seconds);
+    if (result.error) log::warning(result.error->message);
+    then(std::move(result));
   };
   if (ranks.empty()) {
     engines_.call_all_async(engine_method, args, options, std::move(completion));
@@ -200,41 +198,42 @@ void WeightSyncService::scheduler(const Route& route, const Query& query, Done d
   // mode=wait drains running requests: as long as a lifecycle call may take.
   const CallOptions call_options{options_.lifecycle_timeout, false};
   const std::string method(route.engine_method);
-  fan_out(method, "", method, {args}, call_options, {}, [this, pause, method, args, done](FanOut call) {
-    std::vector<int> missed;  // unreachable: they get it as soon as they are ready again
-    {
-      std::lock_guard lock(scheduler_mutex_);
-      for (const EngineReply& reply : call.replies) {
-        if (!reply.value && reply.value.error().kind == CallErrorKind::kUnavailable) {
-          undelivered_scheduler_[reply.rank] = {method, args};
-          missed.push_back(reply.rank);
-        } else {
-          undelivered_scheduler_.erase(reply.rank);  // this newer call reached it
-        }
-      }
-    }
-    for (const EngineReply& reply : call.replies) {
-      if (reply.value) known_.set_paused(reply.rank, call.sequence, pause);
-    }
-    if (call.error) {
-      std::string note;
-      if (!missed.empty()) {
-        note = std::string("generation may still be ") + (pause ? "running" : "paused") + " on " +
-               rank_list(missed) + ": vllmd " + (pause ? "pauses" : "resumes") +
-               " it as soon as it answers again";
-      } else {
-        note = std::string("generation may still be ") + (pause ? "running" : "paused") +
-               " where the call did not succeed";
-      }
-      ApiError error = *call.error;
-      error.message += "; " + note;
-      return done(error_response(error, call.seconds));
-    }
-    Response response;
-    response.engine_seconds = call.seconds;
-    response.body = pause ? R"({"status":"paused"})" : R"({"status":"resumed"})";
-    done(std::move(response));
-  });
+  fan_out(method, "", method, {args}, call_options, {},
+          [this, pause, method, args, done](FanOut call) {
+            std::vector<int> missed;  // unreachable: they get it as soon as they are ready again
+            {
+              std::lock_guard lock(scheduler_mutex_);
+              for (const EngineReply& reply : call.replies) {
+                if (!reply.value && reply.value.error().kind == CallErrorKind::kUnavailable) {
+                  undelivered_scheduler_[reply.rank] = {method, args};
+                  missed.push_back(reply.rank);
+                } else {
+                  undelivered_scheduler_.erase(reply.rank);  // this newer call reached it
+                }
+              }
+            }
+            for (const EngineReply& reply : call.replies) {
+              if (reply.value) known_.set_paused(reply.rank, call.sequence, pause);
+            }
+            if (call.error) {
+              std::string note;
+              if (!missed.empty()) {
+                note = std::string("generation may still be ") + (pause ? "running" : "paused") +
+                       " on " + rank_list(missed) + ": vllmd " + (pause ? "pauses" : "resumes") +
+                       " it as soon as it answers again";
+              } else {
+                note = std::string("generation may still be ") + (pause ? "running" : "paused") +
+                       " where the call did not succeed";
+              }
+              ApiError error = *call.error;
+              error.message += "; " + note;
+              return done(error_response(error, call.seconds));
+            }
+            Response response;
+            response.engine_seconds = call.seconds;
+            response.body = pause ? R"({"status":"paused"})" : R"({"status":"resumed"})";
+            done(std::move(response));
+          });
 }
 
 // A pause or resume that could not reach an engine goes out once it is ready again, and so
@@ -247,9 +246,8 @@ void WeightSyncService::on_engine_state(const engine::EngineStatus& engine) {
     close_pending = pending_closes_.count(engine.rank) > 0;
   }
   if (close_pending) {
-    lifecycle_queue_.run(
-        [this](SerialQueue::Finished finished) { flush_pending_closes(finished); },
-        options_.lifecycle_timeout, [] {});
+    lifecycle_queue_.run([this](SerialQueue::Finished finished) { flush_pending_closes(finished); },
+                         options_.lifecycle_timeout, [] {});
   }
   std::pair<std::string, std::string> call;
   {
@@ -319,7 +317,8 @@ Response WeightSyncService::world_size(const Query& query) const {
   for (const auto& engine : engines) {
     if (engine.state != engine::EngineState::kReady) {
       return error_response(engine_unavailable("engine rank " + std::to_string(engine.rank) +
-                                               " is " + std::string(engine::state_name(engine.state))));
+                                               " is " +
+                                               std::string(engine::state_name(engine.state))));
     }
   }
   const std::int64_t per_engine =

@@ -101,8 +101,7 @@ class WeightSyncService {
                std::function<void(FanOut)> then);
   void start(const std::shared_ptr<LifecycleCall>& call, Done done);
   void flush_pending_closes(std::function<void()> then);
-  std::optional<std::vector<std::uint64_t>> continue_session(const LifecycleCall& call,
-                                                             Done& done);
+  std::optional<std::vector<std::uint64_t>> continue_session(const LifecycleCall& call, Done& done);
   void update(const std::shared_ptr<LifecycleCall>& call, Done done);
   void finish(const std::shared_ptr<LifecycleCall>& call, Done done);
   void set_version(const std::string& version, double seconds_before,

@@ -41,17 +41,17 @@ std::string SessionSnapshot::json() const {
 }
 
 bool valid_session_id(std::string_view id) {
-  return !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char c) {
-    return c > ' ' && c < 0x7f;
-  });
+  return !id.empty() && id.size() <= 128 &&
+         std::all_of(id.begin(), id.end(), [](char c) { return c > ' ' && c < 0x7f; });
 }
 
 void Sessions::expire_idle_owner(Clock::time_point now) {
   if (!open_ || !owner_ || now - last_activity_ < idle_limit_) return;
-  log::notice("the weight-update session owned by a client idle for ",
-              seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(now - last_activity_)),
-              " is now anonymous (server.session_idle_timeout): any client may continue or "
-              "finish it");
+  log::notice(
+      "the weight-update session owned by a client idle for ",
+      seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(now - last_activity_)),
+      " is now anonymous (server.session_idle_timeout): any client may continue or "
+      "finish it");
   owner_.reset();
 }
 

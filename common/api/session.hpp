@@ -52,7 +52,7 @@ class Sessions {
               std::vector<std::uint64_t> incarnations);
   // An update reached the engines (succeeded or not): the label no longer describes them.
   void updated(bool succeeded);
-  void closed();   // finished, or closed by vllmd after a failure
+  void closed();     // finished, or closed by vllmd after a failure
   void committed();  // a version now labels the weights
   SessionSnapshot snapshot() const;
 

@@ -36,11 +36,11 @@ struct Route {
   Operation operation;
   std::string_view method;  // "GET" or "POST"
   std::string_view path;
-  bool dev_only;            // 404 unless dev mode is on
-  bool lifecycle;           // serialized across clients
+  bool dev_only;   // 404 unless dev mode is on
+  bool lifecycle;  // serialized across clients
   Body body;
-  std::string_view worker_method;  // collective_rpc worker method, or empty
-  std::string_view engine_method;  // engine-core UTILITY method, or empty (no engine call)
+  std::string_view worker_method;     // collective_rpc worker method, or empty
+  std::string_view engine_method;     // engine-core UTILITY method, or empty (no engine call)
   std::string_view metric_operation;  // label in the operation-duration histogram, or empty
   std::string_view success_message;   // {"message": ...} routes
   std::string_view cli;               // vllmctl command
@@ -63,10 +63,10 @@ inline constexpr std::array<Route, 16> kRoutes{{
      "update_weights", "collective_rpc", "update", "Weights updated", "weights update",
      "receive one chunk of weights (body: {\"update_info\": {...} | [{...}, ...]})"},
     {Operation::kFinishWeightUpdate, "POST", "/finish_weight_update", true, true, Body::kOptional,
-     "finish_weight_update", "collective_rpc", "finish", "Weight update finished",
-     "weights finish", "close the session; commit {\"weight_version\": ...} only on success"},
-    {Operation::kUpdateWeightVersion, "POST", "/update_weight_version", true, true,
-     Body::kRequired, "", "set_weight_version", "set_version", "", "weights set-version",
+     "finish_weight_update", "collective_rpc", "finish", "Weight update finished", "weights finish",
+     "close the session; commit {\"weight_version\": ...} only on success"},
+    {Operation::kUpdateWeightVersion, "POST", "/update_weight_version", true, true, Body::kRequired,
+     "", "set_weight_version", "set_version", "", "weights set-version",
      "set the weight version label (body: {\"new_version\": ...})"},
     {Operation::kWeightInfo, "GET", "/weight_info", true, false, Body::kNone, "",
      "get_weight_version", "", "", "weights info", "the current weight version"},
@@ -76,8 +76,8 @@ inline constexpr std::array<Route, 16> kRoutes{{
      "pause", "pause generation (query: mode=abort|wait|keep, clear_cache=true|false)"},
     {Operation::kResume, "POST", "/resume", true, false, Body::kNone, "", "resume_scheduler", "",
      "", "resume", "resume generation"},
-    {Operation::kIsPaused, "GET", "/is_paused", true, false, Body::kNone, "",
-     "is_scheduler_paused", "", "", "status", "whether generation is paused"},
+    {Operation::kIsPaused, "GET", "/is_paused", true, false, Body::kNone, "", "is_scheduler_paused",
+     "", "", "status", "whether generation is paused"},
     {Operation::kHealth, "GET", "/health", false, false, Body::kNone, "", "", "", "", "health",
      "200 when every engine is attached and alive, else 503"},
     {Operation::kVersion, "GET", "/version", false, false, Body::kNone, "", "", "", "", "",
@@ -88,8 +88,8 @@ inline constexpr std::array<Route, 16> kRoutes{{
     {Operation::kReload, "POST", "/reload", false, false, Body::kNone, "", "", "", "", "reload",
      "reload vllmd's configuration as SIGHUP does; fails (78) and changes nothing when invalid"},
     // vllmd's own: the weight-update session it knows of (vllmctl status shows it).
-    {Operation::kSessionStatus, "GET", "/weight_update_session", true, false, Body::kNone, "",
-     "", "", "", "", "the open weight-update session: owned or anonymous, age, updates"},
+    {Operation::kSessionStatus, "GET", "/weight_update_session", true, false, Body::kNone, "", "",
+     "", "", "", "the open weight-update session: owned or anonymous, age, updates"},
 }};
 
 // The route for a path whatever its method, or nullptr.

@@ -95,8 +95,8 @@ tl::expected<std::unique_ptr<EngineClient>, std::string> EngineClient::create(
     return tl::unexpected("data_parallel_size must be between 1 and 65536, got " +
                           std::to_string(options.data_parallel_size));
   }
-  auto plan = plan_sockets(options.handshake_address, options.input_address,
-                           options.output_address, options.advertised_host);
+  auto plan = plan_sockets(options.handshake_address, options.input_address, options.output_address,
+                           options.advertised_host);
   if (!plan) return tl::unexpected(plan.error());
 
   auto impl = std::make_unique<Impl>();
@@ -272,9 +272,9 @@ void EngineClient::call_ranks_async(const std::vector<int>& ranks, std::string_v
     if (rank < 0 || rank >= impl_->options.data_parallel_size) {
       std::vector<EngineReply> replies;
       for (const int each : ranks) {
-        replies.push_back({each, tl::unexpected(CallError{CallErrorKind::kUnavailable,
-                                                          "no engine with rank " +
-                                                              std::to_string(each)})});
+        replies.push_back(
+            {each, tl::unexpected(CallError{CallErrorKind::kUnavailable,
+                                            "no engine with rank " + std::to_string(each)})});
       }
       return done(std::move(replies));
     }
@@ -288,9 +288,9 @@ std::vector<int> EngineClient::all_ranks() const {
   return ranks;
 }
 
-std::shared_ptr<Batch> EngineClient::submit(const std::vector<int>& ranks,
-                                            std::string_view method, const ArgParts& args,
-                                            const CallOptions& options, Completion done) {
+std::shared_ptr<Batch> EngineClient::submit(const std::vector<int>& ranks, std::string_view method,
+                                            const ArgParts& args, const CallOptions& options,
+                                            Completion done) {
   auto batch = std::make_shared<Batch>();
   batch->replies.resize(ranks.size());
   batch->filled.assign(ranks.size(), false);

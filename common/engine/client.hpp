@@ -97,8 +97,7 @@ struct CallOptions {
   // warning-free (-Wmissing-field-initializers) now that the options have grown.
   CallOptions(std::chrono::milliseconds call_timeout = std::chrono::seconds(30),
               bool marks_dead = false, std::vector<std::uint64_t> expected_incarnations = {})
-      : timeout(call_timeout),
-        timeout_marks_dead(marks_dead),
+      : timeout(call_timeout), timeout_marks_dead(marks_dead),
         incarnations(std::move(expected_incarnations)) {}
 
   std::chrono::milliseconds timeout;
@@ -173,8 +172,7 @@ class EngineClient {
  private:
   explicit EngineClient(std::unique_ptr<Impl> impl);
   std::shared_ptr<Batch> submit(const std::vector<int>& ranks, std::string_view method,
-                                const ArgParts& args, const CallOptions& options,
-                                Completion done);
+                                const ArgParts& args, const CallOptions& options, Completion done);
   static std::vector<EngineReply> wait(const std::shared_ptr<Batch>& batch,
                                        const CallOptions& options);
   std::vector<int> all_ranks() const;

@@ -224,8 +224,8 @@ void EngineClient::Impl::on_registration(EngineSlot& engine, std::string_view fr
   read_events(Link::kInput);  // stale events of this fd's earlier connections first
   auto registration = wire::decode_registration(frame);
   if (!registration) {
-    log::warning("engine link: unreadable registration from engine rank ", engine.status.rank,
-                 " (", registration.error(), "); treating it as empty");
+    log::warning("engine link: unreadable registration from engine rank ", engine.status.rank, " (",
+                 registration.error(), "); treating it as empty");
     registration = wire::Registration{};
   }
   {
@@ -246,13 +246,15 @@ void EngineClient::Impl::admit_if_complete(EngineSlot& engine) {
   }
   ++admissions_total;
   const wire::Registration& registration = engine.status.registration;
-  log::info("engine link: engine rank ", engine.status.rank, " ready",
-            engine.startup_timed_out ? " (after its startup timeout)" : "",
-            registration.empty ? " (empty registration)" : "",
-            registration.vllm_version ? ", vLLM " + *registration.vllm_version : "",
-            registration.world_size ? ", world_size " + std::to_string(*registration.world_size) : "",
-            registration.weight_transfer_backend
-                ? ", weight transfer " + *registration.weight_transfer_backend : "");
+  log::info(
+      "engine link: engine rank ", engine.status.rank, " ready",
+      engine.startup_timed_out ? " (after its startup timeout)" : "",
+      registration.empty ? " (empty registration)" : "",
+      registration.vllm_version ? ", vLLM " + *registration.vllm_version : "",
+      registration.world_size ? ", world_size " + std::to_string(*registration.world_size) : "",
+      registration.weight_transfer_backend
+          ? ", weight transfer " + *registration.weight_transfer_backend
+          : "");
   engine.startup_timed_out = false;
   if (options.probe_interval.count() > 0) engine.next_probe = Clock::now() + options.probe_interval;
   if (engine.input_lost) {

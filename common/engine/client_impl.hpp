@@ -61,8 +61,7 @@ struct PendingCall {
 constexpr std::size_t kDrainBatch = 256;  // messages per socket per round, for fairness
 
 // Receives one multipart message without blocking; extra frames beyond `frames` are dropped.
-inline bool receive(zmq::socket_t& socket, std::vector<zmq::message_t>& parts,
-                    std::size_t frames) {
+inline bool receive(zmq::socket_t& socket, std::vector<zmq::message_t>& parts, std::size_t frames) {
   parts.clear();
   zmq::message_t part;
   if (!socket.recv(part, zmq::recv_flags::dontwait)) return false;
@@ -100,7 +99,7 @@ struct EngineSlot {
   Clock::time_point startup_deadline = Clock::time_point::max();
   bool startup_timed_out = false;  // dead for it, yet a late READY is still admitted
   bool input_lost = false;         // its input connection dropped before it was admitted
-  int handshake_fd = -1;  // connection fds (ZMQ_SRCFD) tie monitor events to engines
+  int handshake_fd = -1;           // connection fds (ZMQ_SRCFD) tie monitor events to engines
   int input_fd = -1;
   int output_fd = -1;
   bool dead_by_timeout = false;
@@ -157,7 +156,7 @@ struct EngineClient::Impl {
   std::mutex queue_mutex;
   std::deque<Submission> queue;
   std::deque<std::function<void()>> commands;  // for the IO thread (mark_dead)
-  bool queue_closed = false;  // the IO thread has stopped taking submissions
+  bool queue_closed = false;                   // the IO thread has stopped taking submissions
 
   // IO thread only.
   std::unordered_map<std::uint64_t, PendingCall> pending;

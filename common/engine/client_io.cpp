@@ -210,8 +210,9 @@ void EngineClient::Impl::on_core_dead(int fd) {
   if (sender != nullptr) {
     mark_dead(*sender, "engine sent ENGINE_CORE_DEAD");
   } else {
-    log::warning("engine link: ENGINE_CORE_DEAD from an unidentified engine; waiting for its "
-                 "connection to drop");
+    log::warning(
+        "engine link: ENGINE_CORE_DEAD from an unidentified engine; waiting for its "
+        "connection to drop");
   }
 }
 
@@ -315,7 +316,8 @@ void EngineClient::Impl::shut_down() {
     commands.clear();
     queue_closed = true;
   }
-  for (Submission& submission : taken) fail_submission(submission, "engine client is shutting down");
+  for (Submission& submission : taken)
+    fail_submission(submission, "engine client is shutting down");
   for (auto& [id, call] : pending) {
     if (!call.batch) continue;
     call.batch->complete(call.index, tl::unexpected(CallError{CallErrorKind::kUnavailable,

@@ -44,8 +44,7 @@ void EngineClient::Impl::set_state(EngineSlot& engine, EngineState state, std::s
   if (listener) (*listener)(snapshot);
 }
 
-void EngineClient::Impl::mark_dead(EngineSlot& engine, const std::string& reason,
-                                   bool by_timeout) {
+void EngineClient::Impl::mark_dead(EngineSlot& engine, const std::string& reason, bool by_timeout) {
   // Only a revivable death (a timeout) may still become a final one.
   if (engine.status.state == EngineState::kDead && (!engine.dead_by_timeout || by_timeout)) {
     return;
@@ -95,8 +94,8 @@ bool EngineClient::Impl::wants_probe(const EngineSlot& engine) const {
   const EngineState state = engine.status.state;
   if (state == EngineState::kDisconnected) return engine.probes_in_flight < kMaxReconnectProbes;
   const bool liveness = options.probe_interval.count() > 0 && engine.probes_in_flight == 0;
-  return liveness && (state == EngineState::kReady ||
-                      (state == EngineState::kDead && engine.dead_by_timeout));
+  return liveness &&
+         (state == EngineState::kReady || (state == EngineState::kDead && engine.dead_by_timeout));
 }
 
 void EngineClient::Impl::send_probes(Clock::time_point now) {

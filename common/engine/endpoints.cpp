@@ -28,7 +28,8 @@ tl::expected<Endpoint, std::string> parse_endpoint(std::string_view address) {
     colon = close + 1;
   } else {
     colon = rest.rfind(':');
-    if (colon == std::string_view::npos) return fail("tcp address without a port: " + std::string(address));
+    if (colon == std::string_view::npos)
+      return fail("tcp address without a port: " + std::string(address));
     endpoint.host = std::string(rest.substr(0, colon));
   }
   endpoint.transport = "tcp";
@@ -57,15 +58,16 @@ tl::expected<SocketPlan, std::string> plan_sockets(std::string_view handshake_ad
   if (!handshake) return fail(handshake.error());
   SocketPlan plan;
   if (handshake->transport == "ipc") {
-    plan.input_bind = input_address.empty() ? "ipc://" + handshake->path + ".input"
-                                            : std::string(input_address);
+    plan.input_bind =
+        input_address.empty() ? "ipc://" + handshake->path + ".input" : std::string(input_address);
     plan.output_bind = output_address.empty() ? "ipc://" + handshake->path + ".output"
                                               : std::string(output_address);
   } else {
     Endpoint sibling = *handshake;
     sibling.port = "0";
     plan.input_bind = input_address.empty() ? format_endpoint(sibling) : std::string(input_address);
-    plan.output_bind = output_address.empty() ? format_endpoint(sibling) : std::string(output_address);
+    plan.output_bind =
+        output_address.empty() ? format_endpoint(sibling) : std::string(output_address);
     plan.advertised_host = advertised_host.empty() ? handshake->host : std::string(advertised_host);
     if (is_wildcard_host(plan.advertised_host)) {
       return fail("the handshake address " + std::string(handshake_address) +

@@ -86,26 +86,17 @@ std::string missing_arguments(std::string_view qualname,
 
 std::string_view python_type(const msgpack::object& object) {
   switch (object.type) {
-    case msgpack::type::NIL:
-      return "NoneType";
-    case msgpack::type::BOOLEAN:
-      return "bool";
+    case msgpack::type::NIL: return "NoneType";
+    case msgpack::type::BOOLEAN: return "bool";
     case msgpack::type::POSITIVE_INTEGER:
-    case msgpack::type::NEGATIVE_INTEGER:
-      return "int";
+    case msgpack::type::NEGATIVE_INTEGER: return "int";
     case msgpack::type::FLOAT32:
-    case msgpack::type::FLOAT64:
-      return "float";
-    case msgpack::type::STR:
-      return "str";
-    case msgpack::type::BIN:
-      return "bytes";
-    case msgpack::type::ARRAY:
-      return "list";
-    case msgpack::type::MAP:
-      return "dict";
-    case msgpack::type::EXT:
-      return "ExtType";
+    case msgpack::type::FLOAT64: return "float";
+    case msgpack::type::STR: return "str";
+    case msgpack::type::BIN: return "bytes";
+    case msgpack::type::ARRAY: return "list";
+    case msgpack::type::MAP: return "dict";
+    case msgpack::type::EXT: return "ExtType";
   }
   return "object";
 }
@@ -119,14 +110,10 @@ std::optional<std::size_t> python_len(const msgpack::object& object) {
       }
       return code_points;
     }
-    case msgpack::type::BIN:
-      return object.via.bin.size;
-    case msgpack::type::ARRAY:
-      return object.via.array.size;
-    case msgpack::type::MAP:
-      return object.via.map.size;
-    default:
-      return std::nullopt;
+    case msgpack::type::BIN: return object.via.bin.size;
+    case msgpack::type::ARRAY: return object.via.array.size;
+    case msgpack::type::MAP: return object.via.map.size;
+    default: return std::nullopt;
   }
 }
 

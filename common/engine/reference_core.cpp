@@ -15,16 +15,11 @@ using Result = tl::expected<std::string, std::string>;
 using detail::bind_call;
 using detail::type_error;
 
-tl::unexpected<std::string> fail(std::string message) {
-  return tl::unexpected(std::move(message));
-}
+tl::unexpected<std::string> fail(std::string message) { return tl::unexpected(std::move(message)); }
 
-std::string nil() {
-  return std::string(1, '\xc0');
-}
+std::string nil() { return std::string(1, '\xc0'); }
 
-template <typename Write>
-std::string pack(Write&& write) {
+template <typename Write> std::string pack(Write&& write) {
   wire::StringBuffer buffer;
   wire::Packer packer(buffer);
   write(packer);
@@ -36,10 +31,8 @@ bool is_number(const msgpack::object& object) {
     case msgpack::type::POSITIVE_INTEGER:
     case msgpack::type::NEGATIVE_INTEGER:
     case msgpack::type::FLOAT32:
-    case msgpack::type::FLOAT64:
-      return true;
-    default:
-      return false;
+    case msgpack::type::FLOAT64: return true;
+    default: return false;
   }
 }
 
@@ -77,12 +70,9 @@ std::string encode_state(const ReferenceCore& core) {
 
 std::string_view backend_name(Backend backend) {
   switch (backend) {
-    case Backend::kNccl:
-      return "nccl";
-    case Backend::kIpc:
-      return "ipc";
-    case Backend::kNone:
-      return "none";
+    case Backend::kNccl: return "nccl";
+    case Backend::kIpc: return "ipc";
+    case Backend::kNone: return "none";
   }
   return "none";
 }
@@ -108,9 +98,7 @@ bool ParallelSizes::multiproc_executor() const {
 
 ReferenceCore::ReferenceCore(const ParallelSizes& sizes, Backend backend,
                              bool insecure_serialization)
-    : sizes_(sizes),
-      backend_(backend),
-      insecure_serialization_(insecure_serialization),
+    : sizes_(sizes), backend_(backend), insecure_serialization_(insecure_serialization),
       workers_(static_cast<std::size_t>(sizes.world_size())) {}
 
 std::string ReferenceCore::worker_error(std::string_view error) const {

@@ -34,9 +34,9 @@ struct ParallelSizes {
 
 // One worker's weight-transfer state.
 struct WorkerState {
-  bool initialized = false;     // init_weight_transfer_engine succeeded
-  bool update_active = false;   // between start_weight_update and finish_weight_update
-  bool draft = false;           // the active session is a draft-model session
+  bool initialized = false;    // init_weight_transfer_engine succeeded
+  bool update_active = false;  // between start_weight_update and finish_weight_update
+  bool draft = false;          // the active session is a draft-model session
   std::uint64_t updates_in_session = 0;
   std::uint64_t sessions_finished = 0;
   std::uint64_t tensors_received = 0;  // names seen by update_weights, over all sessions
@@ -54,7 +54,7 @@ class ReferenceCore {
   // one entry per worker for collective_rpc). The error is the exception text only; the
   // caller wraps it as "Call to <method> method failed: <error>".
   tl::expected<std::string, std::string> call(std::string_view method,
-                                               std::string_view args_msgpack);
+                                              std::string_view args_msgpack);
 
   // A worker's exception text as collective_rpc raises it: MultiprocExecutor wraps it.
   std::string worker_error(std::string_view error) const;

@@ -44,9 +44,7 @@ class Fd {
   int fd_;
 };
 
-tl::unexpected<std::string> fail(std::string message) {
-  return tl::unexpected(std::move(message));
-}
+tl::unexpected<std::string> fail(std::string message) { return tl::unexpected(std::move(message)); }
 
 std::string system_error(std::string_view what) {
   return std::string(what) + ": " + std::strerror(errno);

@@ -84,8 +84,7 @@ ParallelSizes parallel_sizes(const ReferenceEngineOptions& options) {
 }
 
 // A fault set or map entry for the call: its worker method first, then its engine method.
-template <typename Container>
-auto find_fault(const Container& faults, const ReceivedCall& call) {
+template <typename Container> auto find_fault(const Container& faults, const ReceivedCall& call) {
   auto found = call.worker_method.empty() ? faults.end() : faults.find(call.worker_method);
   return found != faults.end() ? found : faults.find(call.method);
 }
@@ -96,9 +95,7 @@ class Session {
  public:
   Session(const ReferenceEngineOptions& options, const std::atomic<bool>& stop_requested,
           std::function<bool(std::chrono::milliseconds)> sleep)
-      : options_(options),
-        faults_(options.faults),
-        stop_requested_(stop_requested),
+      : options_(options), faults_(options.faults), stop_requested_(stop_requested),
         sleep_(std::move(sleep)),
         core_(parallel_sizes(options), options.backend, options.insecure_serialization),
         data_parallel_size_(options.data_parallel_size),
@@ -401,9 +398,7 @@ class Session {
 
 ReferenceEngine::ReferenceEngine(ReferenceEngineOptions options) : options_(std::move(options)) {}
 
-ReferenceEngine::~ReferenceEngine() {
-  stop();
-}
+ReferenceEngine::~ReferenceEngine() { stop(); }
 
 void ReferenceEngine::start() {
   if (thread_.joinable()) return;

@@ -26,12 +26,12 @@ namespace vllmd::engine {
 // Faults are keyed by method name: an engine-core method ("get_weight_version") or a worker
 // method reached through collective_rpc ("update_weights").
 struct Faults {
-  std::set<std::string> fail;                                // reply with a failure
-  std::set<std::string> fail_once;                           // the same, the first time only
-  std::map<std::string, std::chrono::milliseconds> delay;    // block the engine first
-  std::map<std::string, std::chrono::milliseconds> hold;     // reply late, serving others
-  std::set<std::string> exit_silently;                       // exit without replying
-  std::set<std::string> send_dead;                           // send ENGINE_CORE_DEAD, then exit
+  std::set<std::string> fail;                              // reply with a failure
+  std::set<std::string> fail_once;                         // the same, the first time only
+  std::map<std::string, std::chrono::milliseconds> delay;  // block the engine first
+  std::map<std::string, std::chrono::milliseconds> hold;   // reply late, serving others
+  std::set<std::string> exit_silently;                     // exit without replying
+  std::set<std::string> send_dead;                         // send ENGINE_CORE_DEAD, then exit
   std::set<std::string> garbage;  // send malformed output frames first, then the real reply
   int reply_fields = 8;  // EngineCoreOutputs length: 8 as msgspec writes it; 5 as older peers
   bool empty_registration = false;  // behave like an older engine
@@ -43,7 +43,7 @@ struct Faults {
 // One UTILITY call as the engine received it, for tests and --record.
 struct ReceivedCall {
   std::string method;
-  std::string args_msgpack;  // exactly the bytes on the wire
+  std::string args_msgpack;   // exactly the bytes on the wire
   std::string worker_method;  // for collective_rpc, else empty
 };
 
@@ -77,9 +77,9 @@ class ReferenceEngine {
   ReferenceEngine(const ReferenceEngine&) = delete;
   ReferenceEngine& operator=(const ReferenceEngine&) = delete;
 
-  void start();      // spawns the engine thread
-  void stop();       // asks the thread to end (also interrupts injected delays) and joins it
-  void wait();       // joins without asking it to end
+  void start();  // spawns the engine thread
+  void stop();   // asks the thread to end (also interrupts injected delays) and joins it
+  void wait();   // joins without asking it to end
   bool running() const { return running_.load(); }
   // Empty while running or after a clean stop; the reason when the thread ended on an error.
   std::string error() const;

@@ -12,9 +12,7 @@ namespace {
 
 using Count = tl::expected<std::uint32_t, std::string>;
 
-tl::unexpected<std::string> fail(std::string message) {
-  return tl::unexpected(std::move(message));
-}
+tl::unexpected<std::string> fail(std::string message) { return tl::unexpected(std::move(message)); }
 
 // ------------------------------------------------------------------------------------- NCCL
 
@@ -88,9 +86,7 @@ tl::unexpected<std::string> invalid_ipc_update_info(std::string_view type_error_
   return tl::unexpected(std::move(text));
 }
 
-bool given(const msgpack::object* value) {
-  return value != nullptr && !wire::is_nil(*value);
-}
+bool given(const msgpack::object* value) { return value != nullptr && !wire::is_nil(*value); }
 
 // What base64.b64decode(value) raises before it decodes anything; the content itself (and the
 // pickle inside) cannot be checked without Python, so it is taken as valid.

@@ -28,22 +28,21 @@ tl::unexpected<std::string> fail(std::string_view message) {
 Status init_transfer_engine(WorkerState& worker, Backend backend, const msgpack::object& info) {
   if (info.type != msgpack::type::MAP) return fail(type_error("init_info", "a dict", info));
   // The worker builds the backend's init-info dataclass from the dict: same TypeErrors.
-  auto bound = backend == Backend::kNccl
-                   ? bind_call("NCCLWeightTransferInitInfo.__init__",
-                               {{"master_address"},
-                                {"master_port"},
-                                {"rank_offset"},
-                                {"world_size"},
-                                {"packed", false},
-                                {"packed_buffer_size_bytes", false},
-                                {"packed_num_buffers", false},
-                                {"nccl_unique_id_b64", false}},
-                               {}, &info)
-                   : bind_call("IPCWeightTransferInitInfo.__init__",
-                               {{"packed", false},
-                                {"packed_buffer_size_bytes", false},
-                                {"packed_num_buffers", false}},
-                               {}, &info);
+  auto bound = backend == Backend::kNccl ? bind_call("NCCLWeightTransferInitInfo.__init__",
+                                                     {{"master_address"},
+                                                      {"master_port"},
+                                                      {"rank_offset"},
+                                                      {"world_size"},
+                                                      {"packed", false},
+                                                      {"packed_buffer_size_bytes", false},
+                                                      {"packed_num_buffers", false},
+                                                      {"nccl_unique_id_b64", false}},
+                                                     {}, &info)
+                                         : bind_call("IPCWeightTransferInitInfo.__init__",
+                                                     {{"packed", false},
+                                                      {"packed_buffer_size_bytes", false},
+                                                      {"packed_num_buffers", false}},
+                                                     {}, &info);
   if (!bound) return fail(bound.error());
   worker.initialized = true;
   return {};

@@ -94,14 +94,10 @@ tl::expected<Endpoint, std::string> parse_endpoint(std::string_view url) {
 
 std::string_view kind_name(TransportErrorKind kind) {
   switch (kind) {
-    case TransportErrorKind::kConnectFailed:
-      return "connect_failed";
-    case TransportErrorKind::kTimeout:
-      return "timeout";
-    case TransportErrorKind::kTls:
-      return "tls";
-    case TransportErrorKind::kOther:
-      return "other";
+    case TransportErrorKind::kConnectFailed: return "connect_failed";
+    case TransportErrorKind::kTimeout: return "timeout";
+    case TransportErrorKind::kTls: return "tls";
+    case TransportErrorKind::kOther: return "other";
   }
   return "other";
 }
@@ -181,9 +177,9 @@ tl::expected<Reply, TransportError> Client::attempt(const Request& request) cons
       return tl::unexpected(failure(TransportErrorKind::kTimeout,
                                     "no TLS handshake within " + seconds_text(options_.timeout)));
     } catch (const Poco::Exception& error) {
-      return tl::unexpected(failure(TransportErrorKind::kTls, "TLS with " + endpoint_.url() +
-                                                                  " failed: " +
-                                                                  error.displayText()));
+      return tl::unexpected(
+          failure(TransportErrorKind::kTls,
+                  "TLS with " + endpoint_.url() + " failed: " + error.displayText()));
     }
   }
   Poco::Net::HTTPClientSession session(socket);

@@ -15,7 +15,8 @@ std::mutex write_mutex;
 std::string component = "vllmd";
 const bool under_journald = std::getenv("JOURNAL_STREAM") != nullptr;
 
-constexpr const char* kNames[] = {"trace", "debug", "info", "notice", "warning", "error", "critical"};
+constexpr const char* kNames[] = {"trace",   "debug", "info",    "notice",
+                                  "warning", "error", "critical"};
 // syslog priorities: debug=7 info=6 notice=5 warning=4 err=3 crit=2
 constexpr int kPriorities[] = {7, 7, 6, 5, 4, 3, 2};
 }  // namespace
@@ -31,9 +32,12 @@ bool parse_level(std::string_view text, Level& level) {
       return true;
     }
   }
-  if (text == "warn") level = Level::kWarning;
-  else if (text == "fatal") level = Level::kCritical;
-  else return false;
+  if (text == "warn")
+    level = Level::kWarning;
+  else if (text == "fatal")
+    level = Level::kCritical;
+  else
+    return false;
   return true;
 }
 
@@ -51,8 +55,9 @@ void write(Level level, std::string_view message) {
   } else {
     const auto now = std::chrono::system_clock::now();
     const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-    const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            now.time_since_epoch()).count() % 1000;
+    const auto millis =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() %
+        1000;
     std::tm utc{};
     gmtime_r(&seconds, &utc);
     char stamp[32];

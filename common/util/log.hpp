@@ -24,8 +24,7 @@ void write(Level level, std::string_view message);
 // `\` and `"`, becomes \xHH, so a request cannot forge lines or smuggle terminal escapes.
 std::string escaped(std::string_view text);
 
-template <typename... Parts>
-void emit(Level at, const Parts&... parts) {
+template <typename... Parts> void emit(Level at, const Parts&... parts) {
   if (!enabled(at)) return;
   std::ostringstream line;
   (line << ... << parts);

@@ -52,9 +52,9 @@ struct Failure {
 // A container whose header outgrew the bytes placed for it when moving its body was not worth
 // it: the final sweep inserts the missing bytes.
 struct Deferred {
-  std::size_t slot;    // where the header starts
-  int placed;          // header bytes in the output now
-  std::size_t count;   // elements, final
+  std::size_t slot;   // where the header starts
+  int placed;         // header bytes in the output now
+  std::size_t count;  // elements, final
   bool map;
 };
 
@@ -137,9 +137,9 @@ std::size_t utf8_sequence(const unsigned char* s, const unsigned char* end) {
 // negative, so they stop the scan like control bytes.
 unsigned special_mask16(const char* s) {
   const __m128i chunk = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
-  const __m128i special = _mm_or_si128(
-      _mm_or_si128(_mm_cmpeq_epi8(chunk, _mm_set1_epi8('"')), _mm_cmpeq_epi8(chunk, _mm_set1_epi8('\\'))),
-      _mm_cmplt_epi8(chunk, _mm_set1_epi8(0x20)));
+  const __m128i special = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(chunk, _mm_set1_epi8('"')),
+                                                    _mm_cmpeq_epi8(chunk, _mm_set1_epi8('\\'))),
+                                       _mm_cmplt_epi8(chunk, _mm_set1_epi8(0x20)));
   return static_cast<unsigned>(_mm_movemask_epi8(special));
 }
 
@@ -310,7 +310,8 @@ class Transcoder {
         }
         ++count;
         skip_whitespace();
-        if (p_ == end_) fail(is_object ? "Expecting ',' delimiter or '}'" : "Expecting ',' delimiter or ']'");
+        if (p_ == end_)
+          fail(is_object ? "Expecting ',' delimiter or '}'" : "Expecting ',' delimiter or ']'");
         if (*p_ == ',') {
           ++p_;
           skip_whitespace();

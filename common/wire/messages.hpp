@@ -19,7 +19,12 @@ namespace vllmd::wire {
 inline constexpr std::string_view kEngineCoreDead = "ENGINE_CORE_DEAD";
 
 // Request type byte, sent as its own 1-byte frame before the payload.
-enum class RequestType : std::uint8_t { kAdd = 0x00, kAbort = 0x01, kStartDpWave = 0x02, kUtility = 0x03 };
+enum class RequestType : std::uint8_t {
+  kAdd = 0x00,
+  kAbort = 0x01,
+  kStartDpWave = 0x02,
+  kUtility = 0x03
+};
 
 // Engine identity on the frontend's ROUTER sockets: the DP rank as 2 little-endian bytes.
 std::string engine_identity(int rank);

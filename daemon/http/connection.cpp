@@ -119,9 +119,9 @@ bool Connection::process() {
         const std::size_t end = find_head_end(in_, scanned_);
         if (end == std::string::npos || end > limits_.max_header_bytes) {
           if (end != std::string::npos || in_.size() > limits_.max_header_bytes) {
-            return refuse(api::header_too_large(
-                "request header exceeds " + std::to_string(limits_.max_header_bytes) +
-                " bytes (server.max_header_bytes)"));
+            return refuse(api::header_too_large("request header exceeds " +
+                                                std::to_string(limits_.max_header_bytes) +
+                                                " bytes (server.max_header_bytes)"));
           }
           scanned_ = in_.size() >= 3 ? in_.size() - 3 : 0;
           return true;
@@ -134,7 +134,8 @@ bool Connection::process() {
         if (phase_ == Phase::kBody) return true;
         break;
       case Phase::kDiscard: {
-        const auto drop = static_cast<std::size_t>(std::min<std::uint64_t>(discard_left_, in_.size()));
+        const auto drop =
+            static_cast<std::size_t>(std::min<std::uint64_t>(discard_left_, in_.size()));
         in_.erase(0, drop);
         discard_left_ -= drop;
         if (discard_left_ > 0) return true;
@@ -171,8 +172,8 @@ bool Connection::on_head(std::size_t end) {
   if (decision.refusal) {
     // Decided from the head alone: a small body is read and dropped so the connection can
     // carry the next request; a large or chunked one is not read at all.
-    const bool small_body = parsed.framing == BodyFraming::kLength &&
-                            parsed.content_length <= limits_.discard_limit;
+    const bool small_body =
+        parsed.framing == BodyFraming::kLength && parsed.content_length <= limits_.discard_limit;
     const bool close = decision.refusal->close || !parsed.keep_alive || host_.stopping() ||
                        (parsed.has_body() && !small_body);
     queue(serialize(*decision.refusal, !close));
@@ -245,12 +246,12 @@ bool Connection::on_peer_closed() {
   switch (phase_) {
     case Phase::kHead:
       if (in_.empty()) return false;  // a client ending its connection between requests
-      return refuse(api::bad_request("the connection ended before the request header was complete"));
+      return refuse(
+          api::bad_request("the connection ended before the request header was complete"));
     case Phase::kBody: {
-      const std::string got =
-          chunked_ ? "the chunked body ended before its last chunk"
-                   : "got " + std::to_string(body_received_) + " of " +
-                         std::to_string(request_->body.size()) + " bytes";
+      const std::string got = chunked_ ? "the chunked body ended before its last chunk"
+                                       : "got " + std::to_string(body_received_) + " of " +
+                                             std::to_string(request_->body.size()) + " bytes";
       host_.log_refusal(peer_, &request_->head, 400, "incomplete body: " + got);
       return refuse(api::bad_request("the request body is incomplete: " + got));
     }

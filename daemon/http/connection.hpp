@@ -86,7 +86,7 @@ class Connection {
   const ConnectionLimits& limits_;
 
   Phase phase_ = Phase::kHead;
-  std::string in_;  // received and not yet consumed
+  std::string in_;           // received and not yet consumed
   std::size_t scanned_ = 0;  // of in_, searched for the end of the head
   std::string out_;
   std::size_t out_sent_ = 0;
@@ -102,9 +102,9 @@ class Connection {
   std::uint64_t discard_left_ = 0;
   std::unique_ptr<ChunkedDecoder> chunked_;
 
-  Clock::time_point phase_since_;      // when the current phase (or head) began
-  Clock::time_point last_progress_;    // last byte in or out
-  bool head_started_ = false;          // some bytes of the next head are in
+  Clock::time_point phase_since_;    // when the current phase (or head) began
+  Clock::time_point last_progress_;  // last byte in or out
+  bool head_started_ = false;        // some bytes of the next head are in
   std::size_t lingered_bytes_ = 0;
 };
 

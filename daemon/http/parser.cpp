@@ -16,7 +16,8 @@ constexpr std::array<bool, 256> kTokenChars = [] {
   for (int c = '0'; c <= '9'; ++c) table[c] = true;
   for (int c = 'a'; c <= 'z'; ++c) table[c] = true;
   for (int c = 'A'; c <= 'Z'; ++c) table[c] = true;
-  for (const char c : std::string_view("!#$%&'*+-.^_`|~")) table[static_cast<unsigned char>(c)] = true;
+  for (const char c : std::string_view("!#$%&'*+-.^_`|~"))
+    table[static_cast<unsigned char>(c)] = true;
   return table;
 }();
 
@@ -29,8 +30,8 @@ bool is_token(std::string_view text) {
 char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 
 bool same_text(std::string_view a, std::string_view b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return lower(x) == lower(y); });
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(),
+                                            [](char x, char y) { return lower(x) == lower(y); });
 }
 
 bool starts_with_text(std::string_view text, std::string_view prefix) {
@@ -92,8 +93,9 @@ tl::expected<Field, ParseError> parse_field(std::string_view line) {
   if (colon == std::string_view::npos) return refuse(400, "a header line has no colon");
   const std::string_view name = line.substr(0, colon);
   if (!is_token(name)) {
-    return refuse(400, "a header name is empty or holds a character not allowed there "
-                       "(whitespace before the colon, a control byte, ...)");
+    return refuse(400,
+                  "a header name is empty or holds a character not allowed there "
+                  "(whitespace before the colon, a control byte, ...)");
   }
   const std::string_view value = trim(line.substr(colon + 1));
   if (!is_field_value(value)) {
@@ -129,20 +131,20 @@ tl::expected<void, ParseError> parse_request_line(std::string_view line, Request
   head.target = line.substr(first + 1, second - first - 1);
   const std::string_view version = line.substr(second + 1);
   if (!is_token(head.method)) return refuse(400, "malformed request method");
-  const bool visible = std::all_of(head.target.begin(), head.target.end(), [](char c) {
-    return c > ' ' && c < 0x7f;
-  });
+  const bool visible = std::all_of(head.target.begin(), head.target.end(),
+                                   [](char c) { return c > ' ' && c < 0x7f; });
   if (head.target.empty() || !visible) return refuse(400, "malformed request target");
   if (head.target.front() != '/' && !starts_with_text(head.target, "http://") &&
       !starts_with_text(head.target, "https://")) {
     return refuse(400, "the request target must be a path (or an absolute http URL)");
   }
-  const bool digits = version.size() == 8 && version.substr(0, 5) == "HTTP/" &&
-                      version[5] >= '0' && version[5] <= '9' && version[6] == '.' &&
-                      version[7] >= '0' && version[7] <= '9';
+  const bool digits = version.size() == 8 && version.substr(0, 5) == "HTTP/" && version[5] >= '0' &&
+                      version[5] <= '9' && version[6] == '.' && version[7] >= '0' &&
+                      version[7] <= '9';
   if (!digits) return refuse(400, "malformed HTTP version");
   if (version[5] != '1' || version[7] > '1') {
-    return refuse(505, std::string(version) + " is not supported: vllmd speaks HTTP/1.1 and HTTP/1.0");
+    return refuse(505,
+                  std::string(version) + " is not supported: vllmd speaks HTTP/1.1 and HTTP/1.0");
   }
   head.minor_version = version[7] - '0';
   return {};
@@ -153,8 +155,9 @@ tl::expected<void, ParseError> parse_content_length(RequestHead& head) {
   if (lengths == 0) return {};
   if (lengths > 1) return refuse(400, "several Content-Length headers");
   const std::string_view text = head.field(KnownField::kContentLength);
-  const bool digits = !text.empty() && text.size() <= 18 &&
-                      std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const bool digits =
+      !text.empty() && text.size() <= 18 &&
+      std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
   if (!digits) return refuse(400, "Content-Length '" + std::string(text) + "' is not a length");
   std::uint64_t length = 0;
   for (const char c : text) length = length * 10 + static_cast<std::uint64_t>(c - '0');
@@ -224,8 +227,9 @@ std::string_view RequestHead::field(std::string_view name) const {
 }
 
 std::size_t RequestHead::count_named(std::string_view name) const {
-  return static_cast<std::size_t>(std::count_if(
-      fields.begin(), fields.end(), [&](const Field& entry) { return same_text(entry.name, name); }));
+  return static_cast<std::size_t>(
+      std::count_if(fields.begin(), fields.end(),
+                    [&](const Field& entry) { return same_text(entry.name, name); }));
 }
 
 std::string_view RequestHead::field(KnownField name) const {
@@ -273,8 +277,8 @@ tl::expected<RequestHead, ParseError> parse_head(std::string_view head) {
     }
     parsed.fields.push_back(*field);
   }
-  for (auto step : {parse_connection_facts, parse_content_length, parse_transfer_encoding,
-                    parse_expect}) {
+  for (auto step :
+       {parse_connection_facts, parse_content_length, parse_transfer_encoding, parse_expect}) {
     if (auto ok = step(parsed); !ok) return tl::unexpected(ok.error());
   }
   return parsed;
@@ -314,7 +318,8 @@ ChunkedDecoder::Status ChunkedDecoder::on_trailer_line() {
     state_ = State::kDone;
     return Status::kDone;
   }
-  if (trailer_line_.find('\r') != std::string::npos) return fail(400, "a trailer line holds a bare CR");
+  if (trailer_line_.find('\r') != std::string::npos)
+    return fail(400, "a trailer line holds a bare CR");
   if (auto field = parse_field(trailer_line_); !field) {
     return fail(field.error().status, field.error().message);
   }
@@ -389,7 +394,8 @@ ChunkedDecoder::Status ChunkedDecoder::feed(std::string_view in, std::size_t& co
         if (c == '\n') {
           status = on_trailer_line();
         } else if (++trailer_bytes_ > max_trailers_) {
-          return fail(431, "trailer fields longer than " + std::to_string(max_trailers_) + " bytes");
+          return fail(431,
+                      "trailer fields longer than " + std::to_string(max_trailers_) + " bytes");
         } else {
           trailer_line_.push_back(c);
         }

@@ -30,8 +30,15 @@ struct Field {
 enum class BodyFraming { kNone, kLength, kChunked };
 
 // The fields whose meaning the server needs, recognized once while parsing.
-enum class KnownField { kHost, kContentLength, kTransferEncoding, kConnection, kExpect,
-                        kAuthorization, kCount };
+enum class KnownField {
+  kHost,
+  kContentLength,
+  kTransferEncoding,
+  kConnection,
+  kExpect,
+  kAuthorization,
+  kCount
+};
 
 struct RequestHead {
   std::string_view method;
@@ -49,9 +56,7 @@ struct RequestHead {
   std::string_view field(KnownField name) const;
   // How many fields have this name.
   std::size_t count_named(std::string_view name) const;
-  std::size_t count(KnownField name) const {
-    return known_count[static_cast<std::size_t>(name)];
-  }
+  std::size_t count(KnownField name) const { return known_count[static_cast<std::size_t>(name)]; }
 
   // Per known field: how many, and the first one's index in `fields`.
   std::array<std::uint8_t, static_cast<std::size_t>(KnownField::kCount)> known_count{};

@@ -25,7 +25,8 @@ void append_head(std::string& out, int status, const Headers& headers, bool keep
   out.append("HTTP/1.1 ").append(std::to_string(status)).append(" ");
   out.append(reason_phrase(status)).append("\r\nDate: ").append(http_date());
   out.append("\r\nServer: vllmd\r\n");
-  for (const auto& [name, value] : headers) out.append(name).append(": ").append(value).append("\r\n");
+  for (const auto& [name, value] : headers)
+    out.append(name).append(": ").append(value).append("\r\n");
   if (!keep_alive) out.append("Connection: close\r\n");
 }
 
@@ -71,8 +72,8 @@ std::string serialize(const Response& response, bool keep_alive) {
   return out;
 }
 
-std::string serialize_stream_head(int status, std::string_view content_type,
-                                  const Headers& headers, bool keep_alive, bool chunked) {
+std::string serialize_stream_head(int status, std::string_view content_type, const Headers& headers,
+                                  bool keep_alive, bool chunked) {
   std::string out;
   append_head(out, status, headers, keep_alive && chunked);
   out.append("Content-Type: ").append(content_type).append("\r\n");

@@ -42,13 +42,15 @@ std::optional<util::IpAddress> peer_of(const sockaddr_storage& address) {
     return util::IpAddress::from_bytes(&reinterpret_cast<const sockaddr_in&>(address).sin_addr, 4);
   }
   if (address.ss_family == AF_INET6) {
-    return util::IpAddress::from_bytes(&reinterpret_cast<const sockaddr_in6&>(address).sin6_addr, 16);
+    return util::IpAddress::from_bytes(&reinterpret_cast<const sockaddr_in6&>(address).sin6_addr,
+                                       16);
   }
   return std::nullopt;
 }
 
 std::string address_text(const std::string& host, int port) {
-  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+         std::to_string(port);
 }
 
 // A listening socket without SO_REUSEPORT: a second vllmd on the same port fails here rather
@@ -60,8 +62,8 @@ int listen_on(const std::string& host, int port, int backlog, std::uint16_t& bou
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
-  if (const int error = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(),
-                                      &hints, &found);
+  if (const int error =
+          ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
       error != 0) {
     throw std::runtime_error("cannot listen on " + address_text(host, port) + ": " +
                              ::gai_strerror(error));
@@ -81,9 +83,9 @@ int listen_on(const std::string& host, int port, int backlog, std::uint16_t& bou
   sockaddr_storage bound{};
   socklen_t length = sizeof bound;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
-  bound_port = ntohs(bound.ss_family == AF_INET6
-                         ? reinterpret_cast<const sockaddr_in6&>(bound).sin6_port
-                         : reinterpret_cast<const sockaddr_in&>(bound).sin_port);
+  bound_port =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6&>(bound).sin6_port
+                                        : reinterpret_cast<const sockaddr_in&>(bound).sin_port);
   return fd;
 }
 
@@ -238,7 +240,8 @@ struct Server::Impl final : ConnectionHost {
       on_request(exchange);
     } catch (const std::exception& error) {
       log::error("request handler failed: ", error.what());
-      exchange->respond(error_response(api::server_error(std::string("internal error: ") + error.what())));
+      exchange->respond(
+          error_response(api::server_error(std::string("internal error: ") + error.what())));
     }
   }
   bool stopping() const override { return mailbox->stopping.load(); }
@@ -246,8 +249,8 @@ struct Server::Impl final : ConnectionHost {
   void log_refusal(const std::optional<util::IpAddress>& peer, const RequestHead* head, int status,
                    std::string_view message) override {
     log::info(peer_text(peer), " ", head ? log::escaped(head->method) : "-", " ",
-              head ? log::escaped(head->target) : "-", " ", status, " (",
-              log::escaped(message), ")");
+              head ? log::escaped(head->target) : "-", " ", status, " (", log::escaped(message),
+              ")");
   }
 
   void run();
@@ -261,8 +264,7 @@ struct Server::Impl final : ConnectionHost {
   void stop_listening();
 };
 
-template <typename Step>
-void Server::Impl::step(std::uint64_t id, Step&& action) {
+template <typename Step> void Server::Impl::step(std::uint64_t id, Step&& action) {
   const auto found = slots.find(id);
   if (found == slots.end()) return;  // closed meanwhile: its late answer goes nowhere
   Slot& slot = found->second;
@@ -454,7 +456,8 @@ Server::Server(ServerOptions options, Decide decide) : impl_(std::make_unique<Im
   if (io.epoll_fd < 0 || io.mailbox->wake_fd < 0) {
     throw std::runtime_error("epoll: " + std::string(std::strerror(errno)));
   }
-  for (const auto& [fd, id] : {std::pair{io.listen_fd, kListenerId}, std::pair{io.mailbox->wake_fd, kWakeId}}) {
+  for (const auto& [fd, id] :
+       {std::pair{io.listen_fd, kListenerId}, std::pair{io.mailbox->wake_fd, kWakeId}}) {
     epoll_event event{};
     event.events = EPOLLIN;
     event.data.u64 = id;

@@ -86,7 +86,8 @@ class TlsTransport final : public Transport {
       case SSL_ERROR_ZERO_RETURN: return {Status::kClosed};
       case SSL_ERROR_SYSCALL:
         // An EOF without close_notify is how most clients end a connection.
-        return errno == 0 || errno == ECONNRESET ? IoResult{Status::kClosed} : IoResult{Status::kError};
+        return errno == 0 || errno == ECONNRESET ? IoResult{Status::kClosed}
+                                                 : IoResult{Status::kError};
       default: return {Status::kError};
     }
   }

@@ -148,9 +148,7 @@ double micros(Clock::duration duration) {
   return std::chrono::duration<double, std::micro>(duration).count();
 }
 
-double seconds(Clock::duration duration) {
-  return std::chrono::duration<double>(duration).count();
-}
+double seconds(Clock::duration duration) { return std::chrono::duration<double>(duration).count(); }
 
 // Nearest-rank percentile (q in [0, 1]) of ascending samples.
 double percentile(const std::vector<double>& sorted, double q) {

@@ -65,8 +65,8 @@ RequestSpec parse_request(const std::string& text, const std::string& host_heade
   }
   const std::size_t second = text.find(' ', first + 1);
   const std::string method = text.substr(0, first);
-  const std::string path = text.substr(first + 1, second == std::string::npos ? std::string::npos
-                                                                              : second - first - 1);
+  const std::string path =
+      text.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
   if (path.empty() || path.front() != '/') {
     throw std::runtime_error("--request '" + text + "': the path must start with /");
   }
@@ -178,26 +178,26 @@ std::string report(const Options& options, const Plan& plan, const Stats& stats)
   StepStats all;
   for (const StepStats& step : stats.steps) all.merge(step);
   const auto completed = all.micros.size();
-  std::string out = "{\"label\":" + json_string(options.label) +
-                    ",\"connections\":" + std::to_string(options.connections) +
-                    ",\"threads\":" + std::to_string(options.threads) +
-                    ",\"window_s\":" + number(window) +
-                    ",\"requests\":" + std::to_string(completed) +
-                    ",\"rps\":" + number(static_cast<double>(completed) / window) +
-                    ",\"ok\":" + std::to_string(count_2xx(all.status)) +
-                    ",\"non_2xx\":" + std::to_string(completed - count_2xx(all.status)) +
-                    ",\"status\":" + status_json(all.status) +
-                    ",\"sequences\":" + std::to_string(stats.sequences) +
-                    ",\"sequences_ok\":" + std::to_string(stats.sequences_ok) +
-                    ",\"sequences_per_s\":" + number(static_cast<double>(stats.sequences) / window) +
-                    ",\"errors\":{\"connect\":" + std::to_string(stats.connect_errors) +
-                    ",\"io\":" + std::to_string(stats.io_errors) +
-                    ",\"parse\":" + std::to_string(stats.parse_errors) + "}" +
-                    ",\"reconnects\":" + std::to_string(stats.reconnects) +
-                    ",\"unfinished\":" + std::to_string(stats.unfinished) +
-                    ",\"oldest_unfinished_ms\":" + number(stats.oldest_unfinished_us / 1e3) +
-                    ",\"stalled_connections\":" + std::to_string(stats.stalled_connections) +
-                    ",\"latency_ms\":" + latency_json(all.micros) + ",\"steps\":[";
+  std::string out =
+      "{\"label\":" + json_string(options.label) +
+      ",\"connections\":" + std::to_string(options.connections) +
+      ",\"threads\":" + std::to_string(options.threads) + ",\"window_s\":" + number(window) +
+      ",\"requests\":" + std::to_string(completed) +
+      ",\"rps\":" + number(static_cast<double>(completed) / window) +
+      ",\"ok\":" + std::to_string(count_2xx(all.status)) +
+      ",\"non_2xx\":" + std::to_string(completed - count_2xx(all.status)) +
+      ",\"status\":" + status_json(all.status) +
+      ",\"sequences\":" + std::to_string(stats.sequences) +
+      ",\"sequences_ok\":" + std::to_string(stats.sequences_ok) +
+      ",\"sequences_per_s\":" + number(static_cast<double>(stats.sequences) / window) +
+      ",\"errors\":{\"connect\":" + std::to_string(stats.connect_errors) +
+      ",\"io\":" + std::to_string(stats.io_errors) +
+      ",\"parse\":" + std::to_string(stats.parse_errors) + "}" +
+      ",\"reconnects\":" + std::to_string(stats.reconnects) +
+      ",\"unfinished\":" + std::to_string(stats.unfinished) +
+      ",\"oldest_unfinished_ms\":" + number(stats.oldest_unfinished_us / 1e3) +
+      ",\"stalled_connections\":" + std::to_string(stats.stalled_connections) +
+      ",\"latency_ms\":" + latency_json(all.micros) + ",\"steps\":[";
   for (std::size_t i = 0; i < stats.steps.size(); ++i) {
     const StepStats& step = stats.steps[i];
     if (i > 0) out += ',';
@@ -260,8 +260,8 @@ int run(int argc, char** argv) {
   std::vector<std::unique_ptr<Loop>> loops;
   for (int t = 0; t < options.threads; ++t) {
     // Connections are split as evenly as possible.
-    const int share = options.connections / options.threads +
-                      (t < options.connections % options.threads ? 1 : 0);
+    const int share =
+        options.connections / options.threads + (t < options.connections % options.threads ? 1 : 0);
     loops.push_back(std::make_unique<Loop>(plan, share));
   }
   std::latch go(options.threads + 1);

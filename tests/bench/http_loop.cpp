@@ -47,9 +47,9 @@ void Loop::run() {
                          connection.state == Connection::State::kReceiving;
     if (waiting) {
       ++stats_.unfinished;
-      stats_.oldest_unfinished_us = std::max(
-          stats_.oldest_unfinished_us,
-          std::chrono::duration<double, std::micro>(end - connection.started).count());
+      stats_.oldest_unfinished_us =
+          std::max(stats_.oldest_unfinished_us,
+                   std::chrono::duration<double, std::micro>(end - connection.started).count());
     }
     if (connection.completed_in_window == 0) ++stats_.stalled_connections;
     close_socket(connection);
@@ -57,9 +57,9 @@ void Loop::run() {
 }
 
 std::size_t Loop::active() const {
-  return static_cast<std::size_t>(std::count_if(
-      connections_.begin(), connections_.end(),
-      [](const Connection& c) { return c.state != Connection::State::kDone; }));
+  return static_cast<std::size_t>(
+      std::count_if(connections_.begin(), connections_.end(),
+                    [](const Connection& c) { return c.state != Connection::State::kDone; }));
 }
 
 void Loop::close_socket(Connection& connection) {
@@ -149,10 +149,10 @@ void Loop::complete(Connection& connection, const ParsedResponse& response) {
     if (!ok && step.first_error.empty()) {
       const std::string_view whole(connection.in.data(), response.length);
       const std::size_t body = whole.find("\r\n\r\n");
-      step.first_error = std::to_string(response.status) + " " +
-                         std::string(whole.substr(body == std::string_view::npos ? whole.size()
-                                                                                : body + 4,
-                                                  kErrorBodyChars));
+      step.first_error =
+          std::to_string(response.status) + " " +
+          std::string(whole.substr(body == std::string_view::npos ? whole.size() : body + 4,
+                                   kErrorBodyChars));
     }
   }
   if (!ok) connection.iteration_ok = false;
@@ -251,8 +251,8 @@ void Loop::drive(Connection& connection) {
         const Progress got = receive_some(connection, response);
         if (got == Progress::kBlocked) return;
         if (got == Progress::kFailed) {
-          return fail(connection, response.state == ParsedResponse::State::kError &&
-                                      !connection.in.empty());
+          return fail(connection,
+                      response.state == ParsedResponse::State::kError && !connection.in.empty());
         }
         complete(connection, response);
         break;

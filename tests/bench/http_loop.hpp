@@ -31,7 +31,7 @@ struct RequestSpec {
 struct StepStats {
   std::vector<double> micros;  // completed in the window
   std::map<int, std::uint64_t> status;
-  std::string first_error;     // "500 <body>" of the first non-2xx response, for the reader
+  std::string first_error;  // "500 <body>" of the first non-2xx response, for the reader
 
   void merge(const StepStats& other) {
     micros.insert(micros.end(), other.micros.begin(), other.micros.end());
@@ -112,7 +112,7 @@ class Loop {
  private:
   enum class Progress { kDone, kBlocked, kFailed };
 
-  std::size_t active() const;  // connections not done yet
+  std::size_t active() const;         // connections not done yet
   void open(Connection& connection);  // (re)connects; the request in flight is lost
   void finish_connect(Connection& connection);
   void close_socket(Connection& connection);

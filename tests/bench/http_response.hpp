@@ -14,9 +14,9 @@ namespace vllmd::bench {
 struct ParsedResponse {
   enum class State { kIncomplete, kComplete, kError } state = State::kIncomplete;
   int status = 0;
-  std::size_t length = 0;      // bytes of the whole response, when complete
-  bool close = false;          // the server closes the connection after this response
-  bool until_close = false;    // no length: the body runs until the connection closes
+  std::size_t length = 0;    // bytes of the whole response, when complete
+  bool close = false;        // the server closes the connection after this response
+  bool until_close = false;  // no length: the body runs until the connection closes
 };
 
 namespace detail {

@@ -13,6 +13,7 @@
 // Prints one JSON line: {"bytes":..,"runs":..,"dom_s":..,"ondemand_s":..,"floor_s":..,
 // "floor_mb_s":..,"dom_implementation":"..","ondemand_implementation":"..",...}.
 
+#include <simdjson.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -20,7 +21,6 @@
 #include <cstdlib>
 #include <exception>
 #include <stdexcept>
-#include <simdjson.h>
 #include <string>
 #include <string_view>
 #include <vector>

@@ -47,8 +47,8 @@ int run(int argc, char** argv) {
       std::perror(argv[2]);
       return 73;  // EX_CANTCREAT
     }
-    const bool written = std::fwrite(body.json.data(), 1, body.json.size(), file) ==
-                         body.json.size();
+    const bool written =
+        std::fwrite(body.json.data(), 1, body.json.size(), file) == body.json.size();
     if (std::fclose(file) != 0 || !written) {
       std::fprintf(stderr, "make_payload: cannot write %s\n", argv[2]);
       return 74;  // EX_IOERR

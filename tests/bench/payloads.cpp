@@ -30,9 +30,9 @@ void append_base64(std::string& out, SplitMix64& random, int groups) {
 }
 
 // Writes `"key":[item, item, ...]` with one item per tensor.
-template <typename AppendItem>
-void append_list(std::string& out, std::string_view key, const std::vector<Tensor>& tensors,
-                 const AppendItem& append_item) {
+template <typename AppendItem> void append_list(std::string& out, std::string_view key,
+                                                const std::vector<Tensor>& tensors,
+                                                const AppendItem& append_item) {
   out += '"';
   out += key;
   out += "\":[";

@@ -15,8 +15,8 @@ namespace {
 using vllmd::daemon::http::ChunkedDecoder;
 
 bool inside(std::string_view part, std::string_view whole) {
-  return part.empty() || (part.data() >= whole.data() &&
-                          part.data() + part.size() <= whole.data() + whole.size());
+  return part.empty() ||
+         (part.data() >= whole.data() && part.data() + part.size() <= whole.data() + whole.size());
 }
 
 struct Decoded {
@@ -51,7 +51,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto head = vllmd::daemon::http::parse_head(head_bytes);
   if (!head) {
     const int status = head.error().status;
-    if (status != 400 && status != 417 && status != 431 && status != 501 && status != 505) std::abort();
+    if (status != 400 && status != 417 && status != 431 && status != 501 && status != 505)
+      std::abort();
     return 0;
   }
   if (!inside(head->method, head_bytes) || !inside(head->target, head_bytes)) std::abort();

@@ -43,9 +43,17 @@ std::string as_json(const EngineReply& reply) {
 
 ChildProcess start_engine(const EngineClient& client, int rank,
                           std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {VLLM_REF_ENGINE_PATH, "--handshake",
-                                   client.handshake_endpoint(), "--rank", std::to_string(rank),
-                                   "--tp", "2", "--dp", "2", "--backend", "nccl"};
+  std::vector<std::string> argv = {VLLM_REF_ENGINE_PATH,
+                                   "--handshake",
+                                   client.handshake_endpoint(),
+                                   "--rank",
+                                   std::to_string(rank),
+                                   "--tp",
+                                   "2",
+                                   "--dp",
+                                   "2",
+                                   "--backend",
+                                   "nccl"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return ChildProcess(argv);
 }
@@ -112,25 +120,25 @@ TEST_CASE("DP=2 TP=2: handshake, fanned-out lifecycle, failures, death and resta
                                         R"("rank_offset":1,"world_size":5}}])"),
                                    kQuick),
                   "[null,null]");
-    expect_all_ok(client->call_all("collective_rpc", args(R"(["start_weight_update",null,[],{}])"),
-                                   kQuick),
-                  "[null,null]");
+    expect_all_ok(
+        client->call_all("collective_rpc", args(R"(["start_weight_update",null,[],{}])"), kQuick),
+        "[null,null]");
     expect_all_ok(client->call_all("collective_rpc",
                                    args(R"(["update_weights",null,[],{"update_info":)"
                                         R"({"names":["w"],"dtype_names":["bfloat16"],)"
                                         R"("shapes":[[2,2]]}}])"),
                                    kQuick),
                   "[null,null]");
-    expect_all_ok(client->call_all("collective_rpc",
-                                   args(R"(["finish_weight_update",null,[],{}])"), kQuick),
-                  "[null,null]");
+    expect_all_ok(
+        client->call_all("collective_rpc", args(R"(["finish_weight_update",null,[],{}])"), kQuick),
+        "[null,null]");
     expect_all_ok(client->call_all("set_weight_version", args(R"(["step-1"])"), kQuick), "null");
     expect_all_ok(client->call_all("get_weight_version", args("[]"), kQuick), R"("step-1")");
 
     // The engine's own state machine error comes back as the engine's failure message, as
     // TP=2 workers raise it through MultiprocExecutor.
-    const auto replies = client->call_all(
-        "collective_rpc", args(R"(["finish_weight_update",null,[],{}])"), kQuick);
+    const auto replies =
+        client->call_all("collective_rpc", args(R"(["finish_weight_update",null,[],{}])"), kQuick);
     for (const EngineReply& reply : replies) {
       REQUIRE_FALSE(reply.value);
       CHECK(reply.value.error().kind == CallErrorKind::kFailed);
@@ -189,16 +197,16 @@ TEST_CASE("ENGINE_CORE_DEAD marks the engine dead and fails its call at once") {
   auto created = EngineClient::create(options);
   REQUIRE(created);
   auto& client = *created;
-  ChildProcess engine(
-      {VLLM_REF_ENGINE_PATH, "--handshake", client->handshake_endpoint(), "--rank", "0",
-       "--inject-dead", "update_weights"});
+  ChildProcess engine({VLLM_REF_ENGINE_PATH, "--handshake", client->handshake_endpoint(), "--rank",
+                       "0", "--inject-dead", "update_weights"});
   REQUIRE(client->wait_all_ready(20s));
   // The first reply teaches the client which output connection is this engine's.
   REQUIRE(client->call(0, "get_weight_version", args("[]"), kQuick).value);
   const auto started = std::chrono::steady_clock::now();
   const auto reply = client->call(
       0, "collective_rpc",
-      args(R"(["update_weights",null,[],{"update_info":{"names":[],"dtype_names":[],"shapes":[]}}])"),
+      args(
+          R"(["update_weights",null,[],{"update_info":{"names":[],"dtype_names":[],"shapes":[]}}])"),
       CallOptions{60s, true});
   CHECK(std::chrono::steady_clock::now() - started < 1s);
   REQUIRE_FALSE(reply.value);
@@ -212,18 +220,18 @@ TEST_CASE("malformed engine frames fail the waiting call and leave nothing pendi
   auto created = EngineClient::create(options);
   REQUIRE(created);
   auto& client = *created;
-  ChildProcess engine({VLLM_REF_ENGINE_PATH, "--handshake", client->handshake_endpoint(),
-                       "--rank", "0", "--inject-garbage", "start_weight_update",
-                       "--inject-fail", "finish_weight_update"});
+  ChildProcess engine({VLLM_REF_ENGINE_PATH, "--handshake", client->handshake_endpoint(), "--rank",
+                       "0", "--inject-garbage", "start_weight_update", "--inject-fail",
+                       "finish_weight_update"});
   REQUIRE(client->wait_all_ready(20s));
   REQUIRE(client->call(0, "get_weight_version", args("[]"), kQuick).value);
-  const auto garbled = client->call(0, "collective_rpc",
-                                    args(R"(["start_weight_update",null,[],{}])"), kQuick);
+  const auto garbled =
+      client->call(0, "collective_rpc", args(R"(["start_weight_update",null,[],{}])"), kQuick);
   REQUIRE_FALSE(garbled.value);
   CHECK(garbled.value.error().kind == CallErrorKind::kFailed);
   CHECK(garbled.value.error().message.find("undecodable") != std::string::npos);
-  const auto failed = client->call(0, "collective_rpc",
-                                   args(R"(["finish_weight_update",null,[],{}])"), kQuick);
+  const auto failed =
+      client->call(0, "collective_rpc", args(R"(["finish_weight_update",null,[],{}])"), kQuick);
   REQUIRE_FALSE(failed.value);
   CHECK(failed.value.error().kind == CallErrorKind::kFailed);
   // The link survived it all: the engine is attached and answers.
@@ -237,20 +245,19 @@ TEST_CASE("a timed-out lifecycle call marks the engine dead until it answers aga
   auto created = EngineClient::create(options);
   REQUIRE(created);
   auto& client = *created;
-  ChildProcess engine({VLLM_REF_ENGINE_PATH, "--handshake", client->handshake_endpoint(),
-                       "--rank", "0", "--inject-delay", "start_weight_update=1"});
+  ChildProcess engine({VLLM_REF_ENGINE_PATH, "--handshake", client->handshake_endpoint(), "--rank",
+                       "0", "--inject-delay", "start_weight_update=1"});
   REQUIRE(client->wait_all_ready(20s));
 
-  const auto read_only = client->call(0, "collective_rpc",
-                                      args(R"(["start_weight_update",null,[],{}])"),
-                                      CallOptions{200ms, false});
+  const auto read_only =
+      client->call(0, "collective_rpc", args(R"(["start_weight_update",null,[],{}])"),
+                   CallOptions{200ms, false});
   REQUIRE_FALSE(read_only.value);
   CHECK(read_only.value.error().kind == CallErrorKind::kTimeout);
   CHECK(client->engines()[0].state == EngineState::kReady);
 
-  const auto lifecycle = client->call(0, "collective_rpc",
-                                      args(R"(["start_weight_update",null,[],{}])"),
-                                      CallOptions{200ms, true});
+  const auto lifecycle = client->call(
+      0, "collective_rpc", args(R"(["start_weight_update",null,[],{}])"), CallOptions{200ms, true});
   REQUIRE_FALSE(lifecycle.value);
   CHECK(lifecycle.value.error().kind == CallErrorKind::kTimeout);
   CHECK(client->engines()[0].state == EngineState::kDead);

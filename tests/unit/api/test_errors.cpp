@@ -7,9 +7,10 @@
 using namespace vllmd::api;
 
 TEST_CASE("error bodies have the OpenAI shape of the Rust frontend") {
-  CHECK(invalid_request("'update_info' must be a JSON object", "update_info").body() ==
-        R"({"error":{"message":"'update_info' must be a JSON object","type":"invalid_request_error",)"
-        R"("param":"update_info","code":"invalid_request_error"}})");
+  CHECK(
+      invalid_request("'update_info' must be a JSON object", "update_info").body() ==
+      R"({"error":{"message":"'update_info' must be a JSON object","type":"invalid_request_error",)"
+      R"("param":"update_info","code":"invalid_request_error"}})");
   CHECK(json_parse_error("bad \"json\"").body() ==
         R"({"error":{"message":"bad \"json\"","type":"invalid_request_error","param":null,)"
         R"("code":"json_parse_error"}})");

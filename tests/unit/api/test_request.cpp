@@ -22,7 +22,9 @@ vllmd::wire::Transcoded body(std::string_view json) {
   return std::move(*parsed);
 }
 
-std::string json_of(std::string_view msgpack) { return vllmd::wire::msgpack_to_json(msgpack).value(); }
+std::string json_of(std::string_view msgpack) {
+  return vllmd::wire::msgpack_to_json(msgpack).value();
+}
 
 }  // namespace
 
@@ -41,14 +43,16 @@ TEST_CASE("the body must be a JSON object") {
 }
 
 TEST_CASE("init_info must be an object, passed through as it came") {
-  for (const char* bad : {"{}", R"({"init_info":null})", R"({"init_info":[]})", R"({"init_info":"x"})"}) {
+  for (const char* bad :
+       {"{}", R"({"init_info":null})", R"({"init_info":[]})", R"({"init_info":"x"})"}) {
     CAPTURE(bad);
     auto info = init_info(body(bad));
     REQUIRE_FALSE(info);
     CHECK(info.error().message == "'init_info' must be a JSON object");
     CHECK(info.error().param == "init_info");
   }
-  const auto document = body(R"({"init_info":{"master_port":29500,"big":18446744073709551615,"f":0.5}})");
+  const auto document =
+      body(R"({"init_info":{"master_port":29500,"big":18446744073709551615,"f":0.5}})");
   auto info = init_info(document);
   REQUIRE(info);
   CHECK(json_of(*info) == R"({"master_port":29500,"big":18446744073709551615,"f":0.5})");

@@ -64,7 +64,8 @@ TEST_CASE("a well-formed head: method, target, version, fields and framing") {
 TEST_CASE("keep-alive follows the version and Connection") {
   CHECK_FALSE(parse_head("GET / HTTP/1.0\r\n\r\n")->keep_alive);
   CHECK(parse_head("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n")->keep_alive);
-  CHECK_FALSE(parse_head("GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, close\r\n\r\n")->keep_alive);
+  CHECK_FALSE(
+      parse_head("GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, close\r\n\r\n")->keep_alive);
   CHECK(parse_head("GET / HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\n\r\n")->keep_alive);
 }
 
@@ -76,20 +77,23 @@ TEST_CASE("Content-Length: zero means no body; invalid or repeated values are re
     CHECK(refused_with(std::string("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: ") + value +
                        "\r\n\r\n") == 400);
   }
-  CHECK(refused_with("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n") ==
-        400);
+  CHECK(refused_with(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n") == 400);
 }
 
 TEST_CASE("Transfer-Encoding: only chunked, last, alone") {
-  const auto chunked = parse_head("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n");
+  const auto chunked =
+      parse_head("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n");
   REQUIRE(chunked);
   CHECK(chunked->framing == BodyFraming::kChunked);
   CHECK(refused_with("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
                      "Transfer-Encoding: chunked\r\n\r\n") == 400);
   CHECK(refused_with("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
                      "Content-Length: 3\r\n\r\n") == 400);
-  CHECK(refused_with("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n") == 400);
-  CHECK(refused_with("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n") == 501);
+  CHECK(refused_with("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n") ==
+        400);
+  CHECK(refused_with("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n") ==
+        501);
   CHECK(refused_with("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
                      "Transfer-Encoding: chunked\r\n\r\n") == 400);
   CHECK(refused_with("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n") == 400);
@@ -124,8 +128,9 @@ TEST_CASE("field lines that parsers could split differently are refused") {
 }
 
 TEST_CASE("Expect: 100-continue only") {
-  const auto head = parse_head("POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\n"
-                               "Content-Length: 1\r\n\r\n");
+  const auto head = parse_head(
+      "POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\n"
+      "Content-Length: 1\r\n\r\n");
   REQUIRE(head);
   CHECK(head->expect_continue);
   CHECK_FALSE(parse_head("POST / HTTP/1.0\r\nExpect: 100-continue\r\n\r\n")->expect_continue);
@@ -142,17 +147,18 @@ TEST_CASE("chunked bodies: data, extensions, trailers, and what follows") {
   const Decoded done = decode("5;name=value\r\nhello\r\n6 \r\n world\r\n0\r\nX-T: 1\r\n\r\nNEXT");
   CHECK(done.status == ChunkedDecoder::Status::kDone);
   CHECK(done.body == "hello world");
-  CHECK(done.consumed == std::string("5;name=value\r\nhello\r\n6 \r\n world\r\n0\r\nX-T: 1\r\n\r\n").size());
+  CHECK(done.consumed ==
+        std::string("5;name=value\r\nhello\r\n6 \r\n world\r\n0\r\nX-T: 1\r\n\r\n").size());
   const Decoded partial = decode("5\r\nhel");
   CHECK(partial.status == ChunkedDecoder::Status::kNeedMore);
   CHECK(partial.body == "hel");
 }
 
 TEST_CASE("chunked bodies the decoder refuses") {
-  for (const char* bad : {"zz\r\n", "-5\r\nhello\r\n", "0x5\r\nhello\r\n", "ffffffffffffffffff\r\n",
-                          "\r\n", "5\nhello\r\n", "3\r\nabcdef\r\n0\r\n\r\n", "3\r\nabc\n0\r\n\r\n",
-                          "0\r\nbad trailer\r\n\r\n", "0\r\n folded: x\r\n\r\n",
-                          "1;\x01\r\na\r\n"}) {
+  for (const char* bad :
+       {"zz\r\n", "-5\r\nhello\r\n", "0x5\r\nhello\r\n", "ffffffffffffffffff\r\n", "\r\n",
+        "5\nhello\r\n", "3\r\nabcdef\r\n0\r\n\r\n", "3\r\nabc\n0\r\n\r\n",
+        "0\r\nbad trailer\r\n\r\n", "0\r\n folded: x\r\n\r\n", "1;\x01\r\na\r\n"}) {
     CAPTURE(bad);
     const Decoded decoded = decode(bad);
     CHECK(decoded.status == ChunkedDecoder::Status::kError);

@@ -37,13 +37,15 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   void send(const std::string& bytes) const {
-    REQUIRE(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+    REQUIRE(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(bytes.size()));
   }
   // Everything until the server closes (or the timeout).
   std::string read_all() const {
     std::string out;
     char buffer[4096];
-    for (ssize_t n; (n = ::recv(fd_, buffer, sizeof buffer, 0)) > 0;) out.append(buffer, static_cast<std::size_t>(n));
+    for (ssize_t n; (n = ::recv(fd_, buffer, sizeof buffer, 0)) > 0;)
+      out.append(buffer, static_cast<std::size_t>(n));
     return out;
   }
   // Reads until `marker` has been seen `times` times.
@@ -52,7 +54,9 @@ class Client {
     char buffer[4096];
     auto count = [&] {
       int seen = 0;
-      for (std::size_t at = out.find(marker); at != std::string::npos; at = out.find(marker, at + 1)) ++seen;
+      for (std::size_t at = out.find(marker); at != std::string::npos;
+           at = out.find(marker, at + 1))
+        ++seen;
       return seen;
     };
     while (count() < times) {
@@ -86,12 +90,13 @@ http::Response text(std::string body) {
 TEST_CASE("answers given later from another thread reach their own connections") {
   std::mutex mutex;
   std::vector<http::ExchangePtr> pending;
-  http::Server server({}, [&](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
-    return accept_with([&](http::ExchangePtr exchange) {
-      std::lock_guard lock(mutex);
-      pending.push_back(std::move(exchange));
-    });
-  });
+  http::Server server({},
+                      [&](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
+                        return accept_with([&](http::ExchangePtr exchange) {
+                          std::lock_guard lock(mutex);
+                          pending.push_back(std::move(exchange));
+                        });
+                      });
   server.start();
   constexpr int kClients = 200;
   std::vector<std::unique_ptr<Client>> clients;
@@ -117,26 +122,29 @@ TEST_CASE("answers given later from another thread reach their own connections")
   });
   answering.join();
   for (int i = 0; i < kClients; ++i) {
-    const std::string response = clients[static_cast<std::size_t>(i)]->read_until("for /n/" + std::to_string(i));
+    const std::string response =
+        clients[static_cast<std::size_t>(i)]->read_until("for /n/" + std::to_string(i));
     CHECK(response.find("HTTP/1.1 200 OK\r\n") == 0);
     CHECK(response.find("for /n/" + std::to_string(i)) != std::string::npos);
   }
 }
 
 TEST_CASE("a streamed response is chunked as data arrives, and the connection lives on") {
-  http::Server server({}, [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
-    return accept_with([](http::ExchangePtr exchange) {
-      if (exchange->request().head.target == "/plain") return exchange->respond(text("after"));
-      std::thread([exchange] {
-        exchange->stream_begin(200, "text/event-stream");
-        for (int i = 0; i < 3; ++i) {
-          exchange->stream_write("data: " + std::to_string(i) + "\n\n");
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
-        exchange->stream_end();
-      }).detach();
-    });
-  });
+  http::Server server({},
+                      [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
+                        return accept_with([](http::ExchangePtr exchange) {
+                          if (exchange->request().head.target == "/plain")
+                            return exchange->respond(text("after"));
+                          std::thread([exchange] {
+                            exchange->stream_begin(200, "text/event-stream");
+                            for (int i = 0; i < 3; ++i) {
+                              exchange->stream_write("data: " + std::to_string(i) + "\n\n");
+                              std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                            }
+                            exchange->stream_end();
+                          }).detach();
+                        });
+                      });
   server.start();
   Client client(server.port());
   client.send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\nGET /plain HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -150,14 +158,15 @@ TEST_CASE("a streamed response is chunked as data arrives, and the connection li
 }
 
 TEST_CASE("an HTTP/1.0 stream ends by closing the connection") {
-  http::Server server({}, [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
-    return accept_with([](http::ExchangePtr exchange) {
-      exchange->stream_begin(200, "text/plain");
-      exchange->stream_write("one ");
-      exchange->stream_write("two");
-      exchange->stream_end();
-    });
-  });
+  http::Server server({},
+                      [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
+                        return accept_with([](http::ExchangePtr exchange) {
+                          exchange->stream_begin(200, "text/plain");
+                          exchange->stream_write("one ");
+                          exchange->stream_write("two");
+                          exchange->stream_end();
+                        });
+                      });
   server.start();
   Client client(server.port());
   client.send("GET / HTTP/1.0\r\n\r\n");
@@ -168,9 +177,10 @@ TEST_CASE("an HTTP/1.0 stream ends by closing the connection") {
 }
 
 TEST_CASE("an exchange dropped without an answer answers 500 itself") {
-  http::Server server({}, [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
-    return accept_with([](http::ExchangePtr) {});
-  });
+  http::Server server({},
+                      [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
+                        return accept_with([](http::ExchangePtr) {});
+                      });
   server.start();
   Client client(server.port());
   client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -181,22 +191,24 @@ TEST_CASE("an exchange dropped without an answer answers 500 itself") {
 
 TEST_CASE("a refusal decided from the head drops a small body and serves the next request") {
   std::atomic<int> served{0};
-  http::Server server({}, [&](const http::RequestHead& head, const std::optional<vllmd::util::IpAddress>&) {
-    if (head.target == "/no") {
-      http::Decision refusal;
-      refusal.refusal = text("refused");
-      refusal.refusal->status = 403;
-      return refusal;
-    }
-    return accept_with([&](http::ExchangePtr exchange) {
-      ++served;
-      exchange->respond(text("body=" + exchange->request().body));
-    });
-  });
+  http::Server server(
+      {}, [&](const http::RequestHead& head, const std::optional<vllmd::util::IpAddress>&) {
+        if (head.target == "/no") {
+          http::Decision refusal;
+          refusal.refusal = text("refused");
+          refusal.refusal->status = 403;
+          return refusal;
+        }
+        return accept_with([&](http::ExchangePtr exchange) {
+          ++served;
+          exchange->respond(text("body=" + exchange->request().body));
+        });
+      });
   server.start();
   Client client(server.port());
-  client.send("POST /no HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nabcde"
-              "POST /yes HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok");
+  client.send(
+      "POST /no HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nabcde"
+      "POST /yes HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok");
   const std::string response = client.read_until("body=ok");
   CHECK(response.find("HTTP/1.1 403 ") == 0);
   CHECK(response.find("body=ok") != std::string::npos);
@@ -204,15 +216,17 @@ TEST_CASE("a refusal decided from the head drops a small body and serves the nex
 }
 
 TEST_CASE("a second server on a port in use fails naming the address") {
-  http::Server first({}, [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
-    return http::Decision{};
-  });
+  http::Server first({},
+                     [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
+                       return http::Decision{};
+                     });
   http::ServerOptions same;
   same.port = first.port();
   try {
-    http::Server second(same, [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
-      return http::Decision{};
-    });
+    http::Server second(same,
+                        [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
+                          return http::Decision{};
+                        });
     FAIL("the second server bound a port in use");
   } catch (const std::runtime_error& error) {
     const std::string message = error.what();

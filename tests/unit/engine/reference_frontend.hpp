@@ -198,8 +198,7 @@ struct ConnectedEngine {
   std::unique_ptr<ReferenceEngine> engine;
   std::string registration;  // the frame the engine registered with
 
-  template <typename Configure>
-  explicit ConnectedEngine(Configure configure) {
+  template <typename Configure> explicit ConnectedEngine(Configure configure) {
     auto options = options_for(frontend);
     configure(options);
     engine = std::make_unique<ReferenceEngine>(options);

@@ -203,7 +203,9 @@ TEST_CASE("unsolicited utility outputs are ignored and leave the call waiting fo
     engine.send_output(wire::encode_engine_core_outputs(0, unsolicited, 1.0, 8));
     engine.reply(signed_id(id), "\x81\xa5state\xa2ok");  // a status map, as FT sends
   }
-  engine.reply(request->call_id, "\xa7" "default");
+  engine.reply(request->call_id,
+               "\xa7"
+               "default");
   const EngineReply reply = call.result();
   REQUIRE(reply.value);
   CHECK(vllmd::wire::msgpack_to_json(*reply.value).value() == R"("default")");

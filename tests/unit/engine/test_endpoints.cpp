@@ -44,8 +44,8 @@ TEST_CASE("input and output bind beside the handshake, on port 0") {
   CHECK(ipc->input_bind == "ipc:///run/vllmd/hs.input");
   CHECK(ipc->output_bind == "ipc:///run/vllmd/hs.output");
 
-  auto explicit_ports = plan_sockets("tcp://10.0.0.5:5570", "tcp://10.0.0.5:5571",
-                                     "tcp://10.0.0.5:5572", "");
+  auto explicit_ports =
+      plan_sockets("tcp://10.0.0.5:5570", "tcp://10.0.0.5:5571", "tcp://10.0.0.5:5572", "");
   REQUIRE(explicit_ports);
   CHECK(explicit_ports->input_bind == "tcp://10.0.0.5:5571");
   CHECK(explicit_ports->output_bind == "tcp://10.0.0.5:5572");

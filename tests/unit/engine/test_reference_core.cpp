@@ -40,9 +40,7 @@ constexpr std::string_view kNcclInit =
 constexpr std::string_view kNcclUpdate =
     R"({"update_info":{"names":["a","b"],"dtype_names":["bfloat16","float32"],"shapes":[[2,3],[4]]}})";
 
-std::string error(std::string_view message) {
-  return "error: " + std::string(message);
-}
+std::string error(std::string_view message) { return "error: " + std::string(message); }
 
 }  // namespace
 

@@ -42,8 +42,7 @@ struct CoordinatedPair {
   }
 
   // INIT to each rank's HELLO, with the master `master_for` gives that rank.
-  template <typename MasterFor>
-  void send_inits(MasterFor master_for) {
+  template <typename MasterFor> void send_inits(MasterFor master_for) {
     for (int i = 0; i < 2; ++i) {
       auto hello = Frontend::receive(frontend.handshake);
       REQUIRE(hello);

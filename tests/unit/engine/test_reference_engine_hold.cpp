@@ -52,8 +52,9 @@ TEST_SUITE("reference_engine_hold") {
   }
 
   TEST_CASE("thousands of held calls are each answered after the hold, in order") {
-    ConnectedEngine test(
-        [](auto& options) { options.faults.hold = {{"is_scheduler_paused", 400ms}}; });
+    ConnectedEngine test([](auto& options) {
+      options.faults.hold = {{"is_scheduler_paused", 400ms}};
+    });
     Frontend& frontend = test.frontend;
 
     constexpr std::uint64_t kCalls = 3000;

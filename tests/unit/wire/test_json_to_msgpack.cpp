@@ -50,7 +50,6 @@ std::string float_hex(double value) {
   return "cb" + to_hex(std::string_view(bytes, 8));
 }
 
-
 bool contains_float(const msgpack::object& object) {
   switch (object.type) {
     case msgpack::type::FLOAT32:
@@ -151,9 +150,9 @@ TEST_CASE("integers at every width boundary") {
 }
 
 TEST_CASE("integers beyond 64 bits are rejected") {
-  for (std::string_view json : {"18446744073709551616", "-9223372036854775809",
-                                "99999999999999999999", "123456789012345678901234567890",
-                                "-18446744073709551615", "-18446744073709551616"}) {
+  for (std::string_view json :
+       {"18446744073709551616", "-9223372036854775809", "99999999999999999999",
+        "123456789012345678901234567890", "-18446744073709551615", "-18446744073709551616"}) {
     CAPTURE(json);
     const JsonError error = transcode_error(json);
     CHECK(error.message == "Integer out of 64-bit range");
@@ -175,7 +174,7 @@ TEST_CASE("floats become float64 with the exact bits") {
   CHECK(transcode_hex("0.1") == "cb3fb999999999999a");
   CHECK(transcode_hex("1234.5") == "cb40934a0000000000");
   CHECK(transcode_hex("1.0") == "cb3ff0000000000000");  // stays a float
-  CHECK(transcode_hex("10") == "0a");                  // stays an integer
+  CHECK(transcode_hex("10") == "0a");                   // stays an integer
   CHECK(transcode_hex("1e2") == "cb4059000000000000");  // exponent -> float
   CHECK(transcode_hex("1E+2") == "cb4059000000000000");
   CHECK(transcode_hex("-1.5e-3") == float_hex(-1.5e-3));
@@ -249,10 +248,10 @@ TEST_CASE("special bytes at every position around scan block boundaries") {
       {"\xff", "", "Invalid UTF-8 in string"},
       {"\xc3", "", "Invalid UTF-8 in string"},  // truncated by the closing quote
   };
-  for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16},
-                             std::size_t{17}, std::size_t{31}, std::size_t{32}, std::size_t{33},
-                             std::size_t{47}, std::size_t{63}, std::size_t{64}, std::size_t{65},
-                             std::size_t{95}, std::size_t{130}, std::size_t{300}}) {
+  for (std::size_t length :
+       {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17},
+        std::size_t{31}, std::size_t{32}, std::size_t{33}, std::size_t{47}, std::size_t{63},
+        std::size_t{64}, std::size_t{65}, std::size_t{95}, std::size_t{130}, std::size_t{300}}) {
     for (std::size_t pos = 0; pos <= length; ++pos) {
       for (const Special& special : specials) {
         for (const std::string_view tail : {"", "   ", "                                    "}) {
@@ -262,8 +261,8 @@ TEST_CASE("special bytes at every position around scan block boundaries") {
           CAPTURE(tail.size());
           const std::string before(pos, 'a');
           const std::string after(length - pos, 'b');
-          const std::string json = "\"" + before + std::string(special.json) + after + "\"" +
-                                   std::string(tail);
+          const std::string json =
+              "\"" + before + std::string(special.json) + after + "\"" + std::string(tail);
           if (special.decoded.empty()) {
             const JsonError error = transcode_error(json);
             CHECK(error.message == special.error);
@@ -358,13 +357,13 @@ TEST_CASE("lone surrogates and bad escapes are rejected") {
 }
 
 TEST_CASE("raw UTF-8 is kept and validated") {
-  CHECK(transcode("\"\xc3\xa9\"") == "\xa2\xc3\xa9");                      // 2 bytes
-  CHECK(transcode("\"\xe2\x82\xac\"") == "\xa3\xe2\x82\xac");              // 3 bytes
-  CHECK(transcode("\"\xf0\x9f\x98\x80\"") == "\xa4\xf0\x9f\x98\x80");      // 4 bytes
-  CHECK(transcode("\"\xef\xbf\xbf\"") == "\xa3\xef\xbf\xbf");              // U+FFFF
-  CHECK(transcode("\"\xf4\x8f\xbf\xbf\"") == "\xa4\xf4\x8f\xbf\xbf");      // U+10FFFF
-  CHECK(transcode("\"\xed\x9f\xbf\"") == "\xa3\xed\x9f\xbf");              // U+D7FF
-  CHECK(transcode("\"\x7f\"") == "\xa1\x7f");                              // DEL is no control
+  CHECK(transcode("\"\xc3\xa9\"") == "\xa2\xc3\xa9");                  // 2 bytes
+  CHECK(transcode("\"\xe2\x82\xac\"") == "\xa3\xe2\x82\xac");          // 3 bytes
+  CHECK(transcode("\"\xf0\x9f\x98\x80\"") == "\xa4\xf0\x9f\x98\x80");  // 4 bytes
+  CHECK(transcode("\"\xef\xbf\xbf\"") == "\xa3\xef\xbf\xbf");          // U+FFFF
+  CHECK(transcode("\"\xf4\x8f\xbf\xbf\"") == "\xa4\xf4\x8f\xbf\xbf");  // U+10FFFF
+  CHECK(transcode("\"\xed\x9f\xbf\"") == "\xa3\xed\x9f\xbf");          // U+D7FF
+  CHECK(transcode("\"\x7f\"") == "\xa1\x7f");                          // DEL is no control
   const std::string long_utf8 = std::string(40, 'x') + "\xc3\xa9\xe2\x82\xac" + std::string(3, 'y');
   CHECK(transcode("\"" + long_utf8 + "\"") == from_hex("d930") + long_utf8);
 
@@ -373,23 +372,23 @@ TEST_CASE("raw UTF-8 is kept and validated") {
     std::size_t offset;
   };
   const std::vector<Case> invalid = {
-      {"\"\xc3\x28\"", 1},                   // bad continuation
-      {"\"\xed\xa0\x80\"", 1},               // UTF-16 surrogate encoded in UTF-8
+      {"\"\xc3\x28\"", 1},      // bad continuation
+      {"\"\xed\xa0\x80\"", 1},  // UTF-16 surrogate encoded in UTF-8
       {"\"\xed\xbf\xbf\"", 1},
-      {"\"\xf5\x80\x80\x80\"", 1},           // beyond U+10FFFF
+      {"\"\xf5\x80\x80\x80\"", 1},  // beyond U+10FFFF
       {"\"\xf4\x90\x80\x80\"", 1},
       {"\"\xff\"", 1},
       {"\"\xfe\"", 1},
-      {"\"\xc0\x80\"", 1},                   // overlong NUL
+      {"\"\xc0\x80\"", 1},  // overlong NUL
       {"\"\xc1\xbf\"", 1},
-      {"\"\xe0\x80\x80\"", 1},               // overlong
+      {"\"\xe0\x80\x80\"", 1},  // overlong
       {"\"\xf0\x80\x80\x80\"", 1},
-      {"\"\x80\"", 1},                       // lone continuation
+      {"\"\x80\"", 1},  // lone continuation
       {"\"ab\xbf\"", 3},
-      {"\"\xc3\"", 1},                       // truncated before the quote
+      {"\"\xc3\"", 1},  // truncated before the quote
       {"\"\xe2\x82\"", 1},
       {"\"\xf0\x9f\x98\"", 1},
-      {"\"\xe2\x82", 1},                     // truncated at end of input
+      {"\"\xe2\x82", 1},                                 // truncated at end of input
       {"\"" + std::string(40, 'a') + "\xc3\x28\"", 41},  // found by the vectorised scan
       {"[\"ok\", \"" + std::string(20, 'z') + "\xed\xa0\x80\"]", 28},
   };
@@ -430,13 +429,13 @@ TEST_CASE("escaped strings get the header of their decoded length") {
     std::string_view header;
   };
   const std::vector<Case> cases = {
-      {repeat("\\n", 20), std::string(20, '\n'), "b4"},          // 40 raw bytes -> 20
+      {repeat("\\n", 20), std::string(20, '\n'), "b4"},                   // 40 raw bytes -> 20
       {std::string(30, 'a') + "\\n", std::string(30, 'a') + "\n", "bf"},  // 32 raw -> 31
-      {repeat("\\t", 31), std::string(31, '\t'), "bf"},          // str8 reserved, fixstr written
+      {repeat("\\t", 31), std::string(31, '\t'), "bf"},  // str8 reserved, fixstr written
       {repeat("\\t", 32), std::string(32, '\t'), "d920"},
-      {repeat("\\/", 255), std::string(255, '/'), "d9ff"},       // str16 reserved -> str8
+      {repeat("\\/", 255), std::string(255, '/'), "d9ff"},  // str16 reserved -> str8
       {repeat("\\/", 256), std::string(256, '/'), "da0100"},
-      {repeat("\\u00e9", 128), repeat("\xc3\xa9", 128), "da0100"},   // 768 raw -> 256
+      {repeat("\\u00e9", 128), repeat("\xc3\xa9", 128), "da0100"},  // 768 raw -> 256
       {repeat("\\u00e9", 127) + "x", repeat("\xc3\xa9", 127) + "x", "d9ff"},
       {repeat("\\ud83d\\ude00", 8), repeat("\xf0\x9f\x98\x80", 8), "d920"},  // 96 raw -> 32
       {repeat("\\ud83d\\ude00", 7) + "abc", repeat("\xf0\x9f\x98\x80", 7) + "abc", "bf"},
@@ -468,7 +467,10 @@ TEST_CASE("empty and small containers") {
   CHECK(transcode_hex("[[]]") == "9190");
   CHECK(transcode_hex("[{}]") == "9180");
   CHECK(transcode_hex(R"({"a":{}})") == "81a16180");
-  CHECK(transcode_hex(R"({"a":[1,{"b":null}],"c":true})") == "82a1619201" "81a162c0" "a163c3");
+  CHECK(transcode_hex(R"({"a":[1,{"b":null}],"c":true})") ==
+        "82a1619201"
+        "81a162c0"
+        "a163c3");
   CHECK(transcode_hex(R"([1,"a",null,true,false,1.5,[],{}])") ==
         "9801a161c0c3c2cb3ff80000000000009080");
 }
@@ -540,14 +542,14 @@ TEST_CASE("headers widened after large first elements") {
     return json + "]";
   };
   std::vector<std::string> documents = {
-      array_after(big, 15),                                  // 16: widened by the sweep
-      array_after(big, 14),                                  // 15: never widened
-      array_after(big, 70000),                               // 65536+: from 1 byte to 5
-      array_after(array_after(big, 20), 20),                 // nested, both deferred
-      array_after(array_after("1", 20), 15) + "",            // small: moved
-      "[" + array_after("1", 20) + "," + array_after(big, 20) + "," + array_after("2", 17) +
-          "," + array_after(big, 3) + "]",                   // moved, then deferred, then not
-      array_after(array_after("0", 70000), 20),              // 65536 moved, outer deferred
+      array_after(big, 15),                        // 16: widened by the sweep
+      array_after(big, 14),                        // 15: never widened
+      array_after(big, 70000),                     // 65536+: from 1 byte to 5
+      array_after(array_after(big, 20), 20),       // nested, both deferred
+      array_after(array_after("1", 20), 15) + "",  // small: moved
+      "[" + array_after("1", 20) + "," + array_after(big, 20) + "," + array_after("2", 17) + "," +
+          array_after(big, 3) + "]",             // moved, then deferred, then not
+      array_after(array_after("0", 70000), 20),  // 65536 moved, outer deferred
   };
   std::string object = "{";
   for (int i = 0; i < 40; ++i) {
@@ -584,7 +586,8 @@ TEST_CASE("random nesting: msgpack-c agrees and members are exact") {
   std::function<std::string(int)> value = [&](int depth) -> std::string {
     const auto pick = random.below(depth > 4 ? 3 : 6);
     if (pick == 0) return std::to_string(random.below(100000));
-    if (pick == 1) return "\"" + std::string(random.chance(10) ? random.below(40000) : 3, 's') + "\"";
+    if (pick == 1)
+      return "\"" + std::string(random.chance(10) ? random.below(40000) : 3, 's') + "\"";
     if (pick == 2) return "null";
     // Wide near the top, narrow deeper down: documents stay below a few MB.
     const std::size_t count = random.chance(30) ? 16 : random.below(depth > 2 ? 5 : 41);
@@ -723,7 +726,9 @@ TEST_CASE("invalid JSON reports the byte offset") {
       {"{'a':1}", 1, "Expecting property name enclosed in double quotes"},
       {R"({"a",1})", 4, "Expecting ':' delimiter"},
       {R"({"a")", 4, "Expecting ':' delimiter"},
-      {"\xc2\xa0" "1", 0, "Expecting value"},  // NBSP is no JSON whitespace
+      {"\xc2\xa0"
+       "1",
+       0, "Expecting value"},  // NBSP is no JSON whitespace
       {"\f1", 0, "Expecting value"},
       {"/* */ 1", 0, "Expecting value"},
   };
@@ -747,7 +752,8 @@ TEST_CASE("every proper prefix of a valid document is an error, never a crash") 
     CAPTURE(length);
     const std::string_view prefix(document.data(), length);
     auto result = json_to_msgpack(prefix);
-    // A prefix can be a complete number ("1" of "12"), but here every prefix ends inside the object.
+    // A prefix can be a complete number ("1" of "12"), but here every prefix ends inside the
+    // object.
     CHECK_FALSE(result.has_value());
     if (!result) CHECK(result.error().offset <= length);
   }
@@ -759,8 +765,8 @@ TEST_CASE("top-level members: keys, kinds and value bytes") {
   const std::string json =
       R"({"null":null,"bool":false,"int":-129,"float":2.5,"str":"text","arr":[{},{}],)"
       R"("obj":{"x":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]},"big":)" +
-      json_array_of_zeros(70000) +
-      R"(,"k\u00e9y":"v","long":")" + std::string(300, 'L') + R"(","last":[1,[{}]]})";
+      json_array_of_zeros(70000) + R"(,"k\u00e9y":"v","long":")" + std::string(300, 'L') +
+      R"(","last":[1,[{}]]})";
   auto result = json_to_msgpack(json);
   REQUIRE(result.has_value());
   CHECK(result->root == JsonKind::kObject);
@@ -875,8 +881,8 @@ TEST_CASE("msgpack-c re-packs our output to identical bytes") {
       json_array_of_zeros(16),
       json_array_of_zeros(65536),
       "\"" + std::string(65536, 's') + "\"",
-      "[\"" + std::string(31, 'a') + "\",\"" + std::string(32, 'b') + "\",\"" + std::string(255, 'c') +
-          "\",\"" + std::string(256, 'd') + "\"]",
+      "[\"" + std::string(31, 'a') + "\",\"" + std::string(32, 'b') + "\",\"" +
+          std::string(255, 'c') + "\",\"" + std::string(256, 'd') + "\"]",
   };
   // A wide object whose values are wide arrays of wide strings.
   std::string wide = "{";

@@ -51,11 +51,13 @@ constexpr std::string_view kReplySetVersion = "980090c0cb40934a00000000009302c09
 constexpr std::string_view kReplyGetVersion =
     "980090c0cb40934a00000000009303c092c0a764656661756c74c0c0c0";
 constexpr std::string_view kFailureMessage = "Call to collective_rpc method failed: boom";
-const std::string kReplyFailure = "980090c0cb40934a00000000009301d92a" +
-                                  text_hex(kFailureMessage) + "c0c0c0c0";
+const std::string kReplyFailure =
+    "980090c0cb40934a00000000009301d92a" + text_hex(kFailureMessage) + "c0c0c0c0";
 
-constexpr std::string_view kHello = "83a6737461747573a548454c4c4fa56c6f63616cc2a8686561646c657373c3";
-constexpr std::string_view kReady = "83a6737461747573a55245414459a56c6f63616cc2a8686561646c657373c3";
+constexpr std::string_view kHello =
+    "83a6737461747573a548454c4c4fa56c6f63616cc2a8686561646c657373c3";
+constexpr std::string_view kReady =
+    "83a6737461747573a55245414459a56c6f63616cc2a8686561646c657373c3";
 constexpr std::string_view kInit =
     "82a961646472657373657385a6696e7075747391b47463703a2f2f3132372e302e302e313a35353535a76f757470"
     "75747391b47463703a2f2f3132372e302e302e313a35353536b1636f6f7264696e61746f725f696e707574c0b263"
@@ -100,10 +102,10 @@ std::string outputs_frame(std::size_t fields, std::string_view utility_hex,
   if (fields > 4) bytes += from_hex(utility_hex);
   for (std::size_t i = 5; i < fields; ++i) {
     switch (i % 4) {
-      case 0: bytes += from_hex("92a3616263c3"); break;       // ["abc", true]
-      case 1: bytes += from_hex("81a16101"); break;           // {"a": 1}
-      case 2: bytes += from_hex("cb3ff8000000000000"); break; // 1.5
-      default: bytes += from_hex("ce00010000"); break;        // 65536
+      case 0: bytes += from_hex("92a3616263c3"); break;        // ["abc", true]
+      case 1: bytes += from_hex("81a16101"); break;            // {"a": 1}
+      case 2: bytes += from_hex("cb3ff8000000000000"); break;  // 1.5
+      default: bytes += from_hex("ce00010000"); break;         // 65536
     }
   }
   return bytes;
@@ -189,8 +191,8 @@ TEST_CASE("UTILITY request vectors encode byte for byte") {
   }
   SUBCASE("get_weight_version") {
     CHECK(to_hex(encode_string_array({})) == "90");
-    CHECK(to_hex(encode_utility_request(0, id(3), "get_weight_version",
-                                        encode_string_array({}))) == kGetVersionRequest);
+    CHECK(to_hex(encode_utility_request(0, id(3), "get_weight_version", encode_string_array({}))) ==
+          kGetVersionRequest);
   }
 }
 
@@ -261,21 +263,22 @@ TEST_CASE("UTILITY request round trip keeps call id signedness and client index"
 
 TEST_CASE("UTILITY request decoder rejects malformed payloads") {
   const std::vector<std::string_view> bad = {
-      "",                              // empty
-      "c0",                            // nil
-      "80",                            // map
-      "93000161",                      // array of 3
-      "9500016190c0",                  // array of 5
-      "94ff01a16d90",                  // negative client_index
-      "94a13001a16d90",                // string client_index
-      "9400a131a16d90",                // string call_id
-      "9400c0a16d90",                  // nil call_id
-      "94000101" "90",                 // integer method
-      "940001a16dc0",                  // nil args
-      "940001a16d80",                  // map args
-      "940001a16da0",                  // string args
-      "940001a16d90c0",                // trailing bytes
-      "940001a16d91",                  // truncated args
+      "",                // empty
+      "c0",              // nil
+      "80",              // map
+      "93000161",        // array of 3
+      "9500016190c0",    // array of 5
+      "94ff01a16d90",    // negative client_index
+      "94a13001a16d90",  // string client_index
+      "9400a131a16d90",  // string call_id
+      "9400c0a16d90",    // nil call_id
+      "94000101"
+      "90",              // integer method
+      "940001a16dc0",    // nil args
+      "940001a16d80",    // map args
+      "940001a16da0",    // string args
+      "940001a16d90c0",  // trailing bytes
+      "940001a16d91",    // truncated args
   };
   for (std::string_view hex : bad) {
     CAPTURE(hex);
@@ -455,13 +458,14 @@ TEST_CASE("utility results: [nil, nil], bare nil, failures") {
     CHECK(to_hex(outputs.utility_output->value_msgpack) == "c3");
   }
   SUBCASE("values are re-encoded whole") {
-    const std::string value = transcode(R"({"a":[1,2.5,"x",null,{"b":-7}],"c":18446744073709551615})");
-    const EngineCoreOutputs outputs =
-        decode_ok(outputs_frame(8, "9301c092c0" + to_hex(value)));
+    const std::string value =
+        transcode(R"({"a":[1,2.5,"x",null,{"b":-7}],"c":18446744073709551615})");
+    const EngineCoreOutputs outputs = decode_ok(outputs_frame(8, "9301c092c0" + to_hex(value)));
     CHECK(outputs.utility_output->value_msgpack == value);
   }
   SUBCASE("failure with a nil result") {
-    const EngineCoreOutputs outputs = decode_ok(outputs_frame(5, "9305b4536572766572207368757474696e6720646f776ec0"));
+    const EngineCoreOutputs outputs =
+        decode_ok(outputs_frame(5, "9305b4536572766572207368757474696e6720646f776ec0"));
     REQUIRE(outputs.utility_output.has_value());
     CHECK(outputs.utility_output->call_id == id(5));
     CHECK(outputs.utility_output->failure_message == "Server shutting down");
@@ -489,20 +493,20 @@ TEST_CASE("utility results: [nil, nil], bare nil, failures") {
   }
   SUBCASE("malformed utility outputs are errors") {
     for (std::string_view utility : {
-             "a3616263",      // a string
-             "01",            // an integer
-             "80",            // a map
-             "90",            // empty array
-             "9201c0",        // two elements
-             "93a131c0c0",    // string call id
-             "93c0c0c0",      // nil call id
+             "a3616263",                  // a string
+             "01",                        // an integer
+             "80",                        // a map
+             "90",                        // empty array
+             "9201c0",                    // two elements
+             "93a131c0c0",                // string call id
+             "93c0c0c0",                  // nil call id
              "93cb3ff0000000000000c0c0",  // float call id
-             "930101c0",      // integer failure message
-             "9301c3c0",      // bool failure message
-             "9301c091c0",    // result array of 1
-             "9301c093c0c0c0",  // result array of 3
-             "9301c0a3616263",  // result a string
-             "9301c080",      // result a map
+             "930101c0",                  // integer failure message
+             "9301c3c0",                  // bool failure message
+             "9301c091c0",                // result array of 1
+             "9301c093c0c0c0",            // result array of 3
+             "9301c0a3616263",            // result a string
+             "9301c080",                  // result a map
          }) {
       CAPTURE(utility);
       CHECK_FALSE(decode_engine_core_outputs(outputs_frame(5, utility)).has_value());
@@ -575,21 +579,20 @@ TEST_CASE("handshake status decoding tolerates unknown and missing keys") {
     CHECK_FALSE(decoded->headless);
   }
   SUBCASE("non-bool flags read as false") {
-    auto decoded =
-        decode_handshake_status(from_hex("82a6737461747573a548454c4c4fa56c6f63616c01"));
+    auto decoded = decode_handshake_status(from_hex("82a6737461747573a548454c4c4fa56c6f63616c01"));
     REQUIRE(decoded.has_value());
     CHECK_FALSE(decoded->local);
   }
   SUBCASE("errors") {
     for (std::string_view hex : {
              "",
-             "80",                             // no status
-             "81a673746174757301",             // status not a string
-             "81a6737461747573c0",             // status nil
-             "91a548454c4c4f",                 // an array
-             "a548454c4c4f",                   // a bare string
-             "81a6737461747573a548454c4c",     // truncated
-             "81a6737461747573a548454c4c4fc0", // trailing bytes
+             "80",                              // no status
+             "81a673746174757301",              // status not a string
+             "81a6737461747573c0",              // status nil
+             "91a548454c4c4f",                  // an array
+             "a548454c4c4f",                    // a bare string
+             "81a6737461747573a548454c4c",      // truncated
+             "81a6737461747573a548454c4c4fc0",  // trailing bytes
          }) {
       CAPTURE(hex);
       CHECK_FALSE(decode_handshake_status(from_hex(hex)).has_value());
@@ -718,12 +721,12 @@ TEST_CASE("INIT round trip and validation") {
     CHECK(python->outputs == std::vector<std::string>{"tcp://b:2"});
   }
 
-  CHECK_FALSE(decode_init(encode_init({{}, {}})).has_value());                // empty lists
-  CHECK_FALSE(decode_init(encode_init({{"a", "b"}, {"c"}})).has_value());    // unequal
-  CHECK_FALSE(decode_init(from_hex("80")).has_value());                       // no addresses
-  CHECK_FALSE(decode_init(from_hex("81a9616464726573736573c0")).has_value()); // nil addresses
-  CHECK_FALSE(decode_init(from_hex("81a961646472657373657390")).has_value()); // array
-  CHECK_FALSE(decode_init(from_hex("90")).has_value());                       // not a map
+  CHECK_FALSE(decode_init(encode_init({{}, {}})).has_value());                 // empty lists
+  CHECK_FALSE(decode_init(encode_init({{"a", "b"}, {"c"}})).has_value());      // unequal
+  CHECK_FALSE(decode_init(from_hex("80")).has_value());                        // no addresses
+  CHECK_FALSE(decode_init(from_hex("81a9616464726573736573c0")).has_value());  // nil addresses
+  CHECK_FALSE(decode_init(from_hex("81a961646472657373657390")).has_value());  // array
+  CHECK_FALSE(decode_init(from_hex("90")).has_value());                        // not a map
   // inputs holds a non-string
   CHECK_FALSE(
       decode_init(from_hex("81a961646472657373657382a6696e707574739101a76f75747075747391a178"))
@@ -850,8 +853,10 @@ TEST_CASE("registration frames") {
     sparse.world_size = -1;
     const std::string bytes = encode_registration(sparse);
     // {"world_size": -1, "weight_transfer_backend": nil}
-    CHECK(to_hex(bytes) == "82aa776f726c645f73697a65ff" "b7" + text_hex("weight_transfer_backend") +
-                               "c0");
+    CHECK(to_hex(bytes) ==
+          "82aa776f726c645f73697a65ff"
+          "b7" +
+              text_hex("weight_transfer_backend") + "c0");
     auto sparse_decoded = decode_registration(bytes);
     REQUIRE(sparse_decoded.has_value());
     CHECK(sparse_decoded->world_size == -1);
@@ -877,9 +882,9 @@ TEST_CASE("registration frames") {
 
 TEST_CASE("every proper prefix of every vector is an error, as is any trailing byte") {
   std::vector<std::string> frames;
-  for (std::string_view hex : {kStartRequest, kInitRequest, kSetVersionRequest, kGetVersionRequest,
-                               kReplyTp1Fields8, kReplyTp1Fields5, kReplyTp2, kReplySetVersion,
-                               kReplyGetVersion, kHello, kReady, kInit}) {
+  for (std::string_view hex :
+       {kStartRequest, kInitRequest, kSetVersionRequest, kGetVersionRequest, kReplyTp1Fields8,
+        kReplyTp1Fields5, kReplyTp2, kReplySetVersion, kReplyGetVersion, kHello, kReady, kInit}) {
     frames.push_back(from_hex(hex));
   }
   frames.push_back(from_hex(kReplyFailure));
@@ -906,8 +911,11 @@ TEST_CASE("garbage frames never crash or throw") {
     decode_everything(frame);
   }
   // Mutations of valid frames reach deeper into the decoders.
-  const std::vector<std::string> seeds = {from_hex(kReplyTp1Fields8), from_hex(kReplyGetVersion),
-                                          from_hex(kInitRequest), kReplyFailure, from_hex(kInit),
+  const std::vector<std::string> seeds = {from_hex(kReplyTp1Fields8),
+                                          from_hex(kReplyGetVersion),
+                                          from_hex(kInitRequest),
+                                          kReplyFailure,
+                                          from_hex(kInit),
                                           from_hex(kHello)};
   for (int i = 0; i < 20000; ++i) {
     std::string frame = seeds[random.below(seeds.size())];
@@ -921,21 +929,20 @@ TEST_CASE("garbage frames never crash or throw") {
 
 TEST_CASE("huge declared lengths are rejected without allocating") {
   for (std::string_view hex : {
-           "ddffffffff",          // array32 of 4 G elements
-           "dfffffffff",          // map32
-           "dbffffffff",          // str32
-           "c6ffffffff",          // bin32
-           "c9ffffffff01",        // ext32
-           "dcffff",              // array16, truncated
-           "deffff",              // map16, truncated
-           "dd00100001",          // just over the 1 Mi array limit
-           "95ddffffffff",        // inside an outputs array
-           "9500ddffffffff",
-           "95009ac0cb40934a000000000093cfffffffffffffffffdbffffffff",
+           "ddffffffff",    // array32 of 4 G elements
+           "dfffffffff",    // map32
+           "dbffffffff",    // str32
+           "c6ffffffff",    // bin32
+           "c9ffffffff01",  // ext32
+           "dcffff",        // array16, truncated
+           "deffff",        // map16, truncated
+           "dd00100001",    // just over the 1 Mi array limit
+           "95ddffffffff",  // inside an outputs array
+           "9500ddffffffff", "95009ac0cb40934a000000000093cfffffffffffffffffdbffffffff",
            "940001a16dddffffffff",  // args
-           "c1",                  // never-used type byte
-           "d9",                  // str8 without its length
-           "cb3ff0",              // truncated float
+           "c1",                    // never-used type byte
+           "d9",                    // str8 without its length
+           "cb3ff0",                // truncated float
        }) {
     CAPTURE(hex);
     const std::string frame = from_hex(hex);
@@ -960,8 +967,8 @@ TEST_CASE("deep nesting is an error, not a stack overflow") {
   const std::string deep_reply = from_hex("950090c0cb40934a00000000009301c092c0") + deep_complete;
   CHECK_FALSE(decode_engine_core_outputs(deep_reply).has_value());
   // Nesting within the limit is fine: the default depth is 64.
-  const std::string shallow = from_hex("950090c0cb40934a00000000009301c092c0") +
-                              std::string(50, '\x91') + '\xc0';
+  const std::string shallow =
+      from_hex("950090c0cb40934a00000000009301c092c0") + std::string(50, '\x91') + '\xc0';
   CHECK(decode_engine_core_outputs(shallow).has_value());
 }
 
@@ -1016,7 +1023,10 @@ TEST_CASE("msgpack_codec helpers") {
   }
   SUBCASE("as_* accessors") {
     // decode() references the bytes: keep them alive as long as the handle.
-    const std::string bytes = from_hex("97a3616263c3ffcfffffffffffffffffc0" "cb3ff0000000000000" "01");
+    const std::string bytes = from_hex(
+        "97a3616263c3ffcfffffffffffffffffc0"
+        "cb3ff0000000000000"
+        "01");
     auto handle = decode(bytes);
     REQUIRE(handle.has_value());
     const msgpack::object* items = handle->get().via.array.ptr;
@@ -1072,7 +1082,8 @@ TEST_CASE("floats keep their type through the codecs") {
                                            {1700000000.0, "cb41d954fc40000000"},
                                            {1234.5, "cb40934a0000000000"}}) {
       CAPTURE(c.hex);
-      const std::string frame = encode_engine_core_outputs(0, ok_output(id(1), "\xc0"), c.timestamp);
+      const std::string frame =
+          encode_engine_core_outputs(0, ok_output(id(1), "\xc0"), c.timestamp);
       CHECK(to_hex(frame) == "980090c0" + std::string(c.hex) +
                                  "9301c092c0c0"
                                  "c0c0c0");
@@ -1090,7 +1101,9 @@ TEST_CASE("floats keep their type through the codecs") {
              "cb7ff8000000000000",  // NaN
              "ca3f800000",          // float32 1.0 stays float32
              "ca3fc00000",          // float32 1.5
-             "93cb3ff0000000000000" "81a178cb4000000000000000" "92ca40400000c0",
+             "93cb3ff0000000000000"
+             "81a178cb4000000000000000"
+             "92ca40400000c0",
          }) {
       CAPTURE(hex);
       const std::string bytes = from_hex(hex);

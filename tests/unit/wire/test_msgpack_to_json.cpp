@@ -35,7 +35,6 @@ std::string to_json(std::string_view hex, const DecodeLimits& limits = {}) {
   return *json;
 }
 
-
 }  // namespace
 
 // ==================================================================================== scalars
@@ -70,8 +69,8 @@ TEST_CASE("msgpack_to_json floats stay floats") {
   CHECK(to_json("cb4059000000000000") == "100.0");
   CHECK(to_json("cb0000000000000001") == "5e-324");
   CHECK(to_json("cb7fefffffffffffff") == "1.7976931348623157e+308");
-  CHECK(to_json("ca3fc00000") == "1.5");                   // float32
-  CHECK(to_json("ca3dcccccd") == "0.10000000149011612");   // float32 0.1, widened exactly
+  CHECK(to_json("ca3fc00000") == "1.5");                  // float32
+  CHECK(to_json("ca3dcccccd") == "0.10000000149011612");  // float32 0.1, widened exactly
   CHECK(to_json("ca4b000000") == "8388608.0");
   // JSON has no NaN or infinities.
   CHECK(to_json("cb7ff8000000000000") == "null");
@@ -131,18 +130,22 @@ TEST_CASE("msgpack_to_json containers") {
   CHECK(to_json("90") == "[]");
   CHECK(to_json("80") == "{}");
   CHECK(to_json("9301a161c0") == R"([1,"a",null])");
-  CHECK(to_json("82a1619201" "81a162c0" "a163c3") == R"({"a":[1,{"b":null}],"c":true})");
+  CHECK(to_json("82a1619201"
+                "81a162c0"
+                "a163c3") == R"({"a":[1,{"b":null}],"c":true})");
   CHECK(to_json("dc0010" + std::string(32, '0')) == "[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]");
   CHECK(to_json("9191919190") == "[[[[[]]]]]");
   // The section 7 INIT map.
-  CHECK(to_json("82a961646472657373657385a6696e7075747391b47463703a2f2f3132372e302e302e313a3535"
-                "3535a76f7574707574739" "1b47463703a2f2f3132372e302e302e313a35353536b1636f6f726469"
-                "6e61746f725f696e707574c0b2636f6f7264696e61746f725f6f7574707574c0be66726f6e74656e"
-                "645f73746174735f7075626c6973685f61646472657373c0af706172616c6c656c5f636f6e666967"
-                "80") ==
-        R"({"addresses":{"inputs":["tcp://127.0.0.1:5555"],"outputs":["tcp://127.0.0.1:5556"],)"
-        R"("coordinator_input":null,"coordinator_output":null,"frontend_stats_publish_address":null},)"
-        R"("parallel_config":{}})");
+  CHECK(
+      to_json("82a961646472657373657385a6696e7075747391b47463703a2f2f3132372e302e302e313a3535"
+              "3535a76f7574707574739"
+              "1b47463703a2f2f3132372e302e302e313a35353536b1636f6f726469"
+              "6e61746f725f696e707574c0b2636f6f7264696e61746f725f6f7574707574c0be66726f6e74656e"
+              "645f73746174735f7075626c6973685f61646472657373c0af706172616c6c656c5f636f6e666967"
+              "80") ==
+      R"({"addresses":{"inputs":["tcp://127.0.0.1:5555"],"outputs":["tcp://127.0.0.1:5556"],)"
+      R"("coordinator_input":null,"coordinator_output":null,"frontend_stats_publish_address":null},)"
+      R"("parallel_config":{}})");
   // Duplicate keys are all written, in order.
   CHECK(to_json("82a16101a16102") == R"({"a":1,"a":2})");
 }
@@ -160,12 +163,12 @@ TEST_CASE("msgpack_to_json non-string map keys become strings") {
   const std::string bin_key = to_json("81c4026b7901");
   CHECK(bin_key.find("ky") != std::string::npos);
   CHECK(json_to_msgpack(bin_key).has_value());
-  CHECK(to_json("81a1220a") == R"({"\"":10})");       // string keys are escaped normally
+  CHECK(to_json("81a1220a") == R"({"\"":10})");  // string keys are escaped normally
 }
 
 TEST_CASE("msgpack_to_json ext and errors") {
-  CHECK(to_json("d40100") == "null");       // fixext 1
-  CHECK(to_json("c70201abcd") == "null");   // ext 8
+  CHECK(to_json("d40100") == "null");      // fixext 1
+  CHECK(to_json("c70201abcd") == "null");  // ext 8
   CHECK(to_json("92d40100c3") == "[null,true]");
 
   for (std::string_view hex : {"", "91", "92c0", "a3616263c0", "c0c0", "c1", "dbffffffff",
@@ -267,10 +270,30 @@ class JsonGenerator {
   }
 
   void integer(std::string& input, std::string& canonical) {
-    static constexpr std::int64_t kSigned[] = {
-        0, 1, -1, 31, 32, -32, -33, 127, 128, -128, -129, 255, 256, -32768, -32769, 65535,
-        65536, 2147483647, -2147483648LL, -2147483649LL, 4294967295LL, 4294967296LL,
-        std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min()};
+    static constexpr std::int64_t kSigned[] = {0,
+                                               1,
+                                               -1,
+                                               31,
+                                               32,
+                                               -32,
+                                               -33,
+                                               127,
+                                               128,
+                                               -128,
+                                               -129,
+                                               255,
+                                               256,
+                                               -32768,
+                                               -32769,
+                                               65535,
+                                               65536,
+                                               2147483647,
+                                               -2147483648LL,
+                                               -2147483649LL,
+                                               4294967295LL,
+                                               4294967296LL,
+                                               std::numeric_limits<std::int64_t>::max(),
+                                               std::numeric_limits<std::int64_t>::min()};
     std::string text;
     switch (random_.below(8)) {
       case 0: text = std::to_string(kSigned[random_.below(std::size(kSigned))]); break;
@@ -294,10 +317,22 @@ class JsonGenerator {
   }
 
   double random_double() {
-    static constexpr double kSpecial[] = {0.0, -0.0, 1.0, -1.0, 0.1, 0.5, 1e300, 1e-300,
-                                          5e-324, 2.2250738585072014e-308,
-                                          1.7976931348623157e308, 1e16, 1e15, 123456.0,
-                                          9007199254740993.0, 1234.5};
+    static constexpr double kSpecial[] = {0.0,
+                                          -0.0,
+                                          1.0,
+                                          -1.0,
+                                          0.1,
+                                          0.5,
+                                          1e300,
+                                          1e-300,
+                                          5e-324,
+                                          2.2250738585072014e-308,
+                                          1.7976931348623157e308,
+                                          1e16,
+                                          1e15,
+                                          123456.0,
+                                          9007199254740993.0,
+                                          1234.5};
     switch (random_.below(4)) {
       case 0: return kSpecial[random_.below(std::size(kSpecial))];
       case 1: {
@@ -338,8 +373,8 @@ class JsonGenerator {
       }
       default: {
         // Full 17 significant digits: a different spelling of the same double.
-        auto [exact_end, exact_error] = std::to_chars(digits, digits + sizeof digits, value,
-                                                      std::chars_format::scientific, 16);
+        auto [exact_end, exact_error] =
+            std::to_chars(digits, digits + sizeof digits, value, std::chars_format::scientific, 16);
         REQUIRE(exact_error == std::errc());
         input.append(digits, exact_end);
       }
@@ -482,8 +517,7 @@ class JsonGenerator {
     canonical.push_back(']');
   }
 
-  void object(int depth, std::string& input, std::string& canonical,
-              std::vector<Member>* members) {
+  void object(int depth, std::string& input, std::string& canonical, std::vector<Member>* members) {
     input.push_back('{');
     canonical.push_back('{');
     whitespace(input);
