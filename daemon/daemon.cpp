@@ -135,6 +135,19 @@ std::optional<std::string> reload(int argc, const char* const* argv, const Confi
   return std::nullopt;
 }
 
+api::Response render_metrics(const Metrics& metrics, Engines& engines, const HttpServer& server,
+                             const util::Executor& executor) {
+  const http::ServerStats stats = server.stats();
+  const ConnectionGauges connections{stats.connections, stats.handling,
+                                     static_cast<int>(executor.queued()), stats.refused,
+                                     stats.total};
+  api::Response response;
+  response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  response.body =
+      metrics.render(engines.client().engines(), engines.client().pending_calls(), connections);
+  return response;
+}
+
 }  // namespace
 
 int run(int argc, const char* const* argv) {
@@ -216,7 +229,6 @@ int run(int argc, const char* const* argv) {
     metrics.observe_operation(operation, seconds);
   });
   context.service = &service;
-  context.engines = &(*engines)->client();
   context.metrics = &metrics;
   context.executor = &executor;
   context.max_queued = config.max_queued;
@@ -238,19 +250,22 @@ int run(int argc, const char* const* argv) {
 
   // SIGHUP and POST /reload (vllmctl reload, for ExecReload=) take the same path, one at a time.
   std::mutex reload_mutex;
-  context.reload = [&]() -> std::optional<std::string> {
+  const auto reload_all = [&]() -> std::optional<std::string> {
     std::lock_guard lock(reload_mutex);
     notifier.reloading();
     auto error = reload(argc, argv, config, context);
     notifier.reloaded();
     return error;
   };
+  service.set_daemon_hooks(
+      {.metrics = [&] { return render_metrics(metrics, **engines, *server, executor); },
+       .reload = reload_all});
 
   for (;;) {
     int number = 0;
     if (sigwait(&signals, &number) != 0) continue;
     if (number == SIGHUP) {
-      context.reload();
+      reload_all();
       continue;
     }
     log::notice("signal ", number, ": shutting down");

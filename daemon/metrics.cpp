@@ -8,9 +8,6 @@ namespace vllmd::daemon {
 
 namespace {
 constexpr std::string_view kOperationMetric = "vllm:rl_weight_update_operation_duration_seconds";
-// Every operation label appears from the start, so dashboards see zeros rather than gaps.
-constexpr std::array<std::string_view, 6> kOperations = {"init",   "start",  "start_draft",
-                                                         "update", "finish", "set_version"};
 }  // namespace
 
 void Metrics::observe_operation(std::string_view operation, double seconds) {
@@ -32,8 +29,7 @@ void Metrics::observe_operation(std::string_view operation, double seconds) {
 void Metrics::count_request(std::string_view route, int status) {
   // Only table routes get their own label: arbitrary paths must not grow the series set.
   const api::Route* found = api::find_route(route);
-  const std::size_t index = found != nullptr ? static_cast<std::size_t>(found - api::kRoutes.data())
-                                             : api::kRoutes.size();
+  const std::size_t index = found != nullptr ? api::route_index(*found) : api::routes().size();
   std::lock_guard lock(mutex_);
   ++requests_[{index, status}];
 }
@@ -47,7 +43,10 @@ std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
   out << "# HELP " << kOperationMetric
       << " Duration of weight-sync operations that reached the engines.\n"
       << "# TYPE " << kOperationMetric << " histogram\n";
-  for (const std::string_view operation : kOperations) {
+  // Every operation label appears from the start, so dashboards see zeros rather than gaps.
+  for (const api::Route& route : api::routes()) {
+    const std::string_view operation = route.metric;
+    if (operation.empty()) continue;
     const auto found = operations_.find(operation);
     const Histogram histogram = found == operations_.end() ? Histogram{} : found->second;
     std::uint64_t cumulative = 0;
@@ -66,8 +65,8 @@ std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
   out << "# HELP vllmd_http_requests_total HTTP requests answered, by route and status.\n"
       << "# TYPE vllmd_http_requests_total counter\n";
   for (const auto& [key, count] : requests_) {
-    const std::string_view route =
-        key.first < api::kRoutes.size() ? api::kRoutes[key.first].path : std::string_view("other");
+    const std::string_view route = key.first < api::routes().size() ? api::routes()[key.first].path
+                                                                    : std::string_view("other");
     out << "vllmd_http_requests_total{route=\"" << route << "\",status=\"" << key.second << "\"} "
         << count << "\n";
   }

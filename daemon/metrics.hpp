@@ -43,7 +43,7 @@ class Metrics {
   };
   mutable std::mutex mutex_;
   std::map<std::string, Histogram, std::less<>> operations_;
-  // By route (an index into api::kRoutes; kRoutes.size() for any other path) and status.
+  // By route (an index into api::routes(); routes().size() for any other path) and status.
   std::map<std::pair<std::size_t, int>, std::uint64_t> requests_;
 };
 

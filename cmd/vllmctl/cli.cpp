@@ -14,6 +14,7 @@
 
 #include "cmd/vllmctl/commands.hpp"
 #include "cmd/vllmctl/completion_script.hpp"
+#include "cmd/vllmctl/route_commands.hpp"
 #include "cmd/vllmctl/settings.hpp"
 #include "common/api/errors.hpp"
 #include "common/api/table.hpp"
@@ -51,39 +52,15 @@ std::string exit_code_help() {
   return text.str();
 }
 
-std::string route_text(Operation operation) {
-  const api::Route& route = api::route_for(operation);
-  return std::string(route.method) + " " + std::string(route.path);
-}
-
-// A subcommand for one route: named by the last word of the table's CLI verb, described by
-// the table's summary, method and path.
-CLI::App* add_route_command(CLI::App& parent, Operation operation) {
-  const api::Route& route = api::route_for(operation);
-  const std::string_view cli = route.cli;
-  return parent.add_subcommand(std::string(cli.substr(cli.rfind(' ') + 1)),
-                               std::string(route.summary) + " [" + route_text(operation) + "]");
-}
-
-// Every value the command line can set; the commands' closures read them after parsing.
+// Every value the command line can set that the table's routes do not; the commands'
+// closures read them after parsing.
 struct Args {
   GlobalFlags flags;
-  std::string init_info;
-  bool draft = false;
-  std::vector<std::string> update_infos;
-  std::string finish_version;
-  CLI::Option* finish_version_option = nullptr;
-  std::string new_version;
   SyncArgs sync;
   std::string sync_version;
   CLI::Option* sync_version_option = nullptr;
-  bool no_dp = false;
-  std::string pause_mode;
-  bool keep_cache = false;
   std::string shell;
 };
-
-using Command = std::function<int(const Context&)>;
 
 struct Commands {
   std::vector<std::pair<CLI::App*, Command>> server;  // those that talk to vllmd
@@ -116,49 +93,8 @@ void define_global_flags(CLI::App& app, GlobalFlags& flags) {
   app.add_flag("-v,--verbose", flags.verbose, "trace requests on stderr");
 }
 
-void define_weights(CLI::App& app, Args& args, Commands& commands) {
-  auto add = [&](CLI::App* command, Command run) { commands.server.emplace_back(command, run); };
-  CLI::App* weights = app.add_subcommand("weights", "the weight-update lifecycle");
-  weights->require_subcommand(1);
-
-  CLI::App* init = add_route_command(*weights, Operation::kInitWeightTransfer);
-  init->add_option("--info", args.init_info, "JSON file holding init_info ('-': stdin)")
-      ->required()
-      ->type_name("FILE");
-  add(init, [&args](const Context& c) { return weights_init(c, args.init_info); });
-
-  CLI::App* start = add_route_command(*weights, Operation::kStartWeightUpdate);
-  start->add_flag(
-      "--draft", args.draft,
-      "start a draft-model session [" + route_text(Operation::kStartDraftWeightUpdate) + "]");
-  add(start, [&args](const Context& c) { return weights_start(c, args.draft); });
-
-  CLI::App* update = add_route_command(*weights, Operation::kUpdateWeights);
-  update
-      ->add_option("--info", args.update_infos,
-                   "JSON file holding update_info, one call each (repeatable; '-': stdin)")
-      ->required()
-      ->allow_extra_args(false)
-      ->type_name("FILE");
-  add(update, [&args](const Context& c) { return weights_update(c, args.update_infos); });
-
-  CLI::App* finish = add_route_command(*weights, Operation::kFinishWeightUpdate);
-  args.finish_version_option =
-      finish->add_option("--version", args.finish_version, "weight version to commit on success")
-          ->type_name("V");
-  add(finish, [&args](const Context& c) {
-    return weights_finish(c, args.finish_version_option->count() > 0
-                                 ? std::optional<std::string>(args.finish_version)
-                                 : std::nullopt);
-  });
-
-  add(add_route_command(*weights, Operation::kWeightInfo), weights_info);
-
-  CLI::App* set_version = add_route_command(*weights, Operation::kUpdateWeightVersion);
-  set_version->add_option("V", args.new_version, "the new weight version")->required();
-  add(set_version, [&args](const Context& c) { return weights_set_version(c, args.new_version); });
-
-  CLI::App* sync = weights->add_subcommand(
+void define_sync(CLI::App& weights, Args& args, Commands& commands) {
+  CLI::App* sync = weights.add_subcommand(
       "sync",
       "init, then pause, start, update..., finish(version), resume; generation is resumed even "
       "when a step fails, and the version is committed only by a successful finish");
@@ -172,39 +108,26 @@ void define_weights(CLI::App& app, Args& args, Commands& commands) {
   args.sync_version_option =
       sync->add_option("--version", args.sync_version, "weight version to commit")->type_name("V");
   sync->add_flag("--no-pause", args.sync.no_pause, "leave generation running during the sync");
-  add(sync, [&args](const Context& c) {
+  commands.server.emplace_back(sync, [&args](const Context& c) {
     if (args.sync_version_option->count() > 0) args.sync.version = args.sync_version;
     return weights_sync(c, args.sync);
   });
 }
 
-void define_others(CLI::App& app, Args& args, Commands& commands) {
-  auto add = [&](CLI::App* command, Command run) { commands.server.emplace_back(command, run); };
-  CLI::App* world = add_route_command(app, Operation::kWorldSize);
-  world->add_flag("--no-dp", args.no_dp, "exclude data parallelism (include_dp=false)");
-  add(world, [&args](const Context& c) { return world_size(c, !args.no_dp); });
-
-  CLI::App* pause_command = add_route_command(app, Operation::kPause);
-  pause_command->add_option("--mode", args.pause_mode, "abort|wait|keep (server default: abort)")
-      ->type_name("MODE")
-      ->check(CLI::IsMember({"abort", "wait", "keep"}));
-  pause_command->add_flag("--keep-cache", args.keep_cache,
-                          "keep the prefix cache (clear_cache=false)");
-  add(pause_command,
-      [&args](const Context& c) { return pause(c, args.pause_mode, args.keep_cache); });
-
-  add(add_route_command(app, Operation::kResume), resume);
-  const std::string status_routes =
-      route_text(Operation::kHealth) + ", " + route_text(Operation::kWorldSize) + ", " +
-      route_text(Operation::kIsPaused) + ", " + route_text(Operation::kWeightInfo) + ", " +
-      route_text(Operation::kSessionStatus);
-  add(app.add_subcommand(
+void define_commands(CLI::App& app, Args& args, Commands& commands) {
+  commands.server = add_route_commands(app);
+  define_sync(*app.get_subcommand("weights"), args, commands);
+  std::string status_routes;
+  for (const Operation operation : {Operation::kHealth, Operation::kWorldSize, Operation::kIsPaused,
+                                    Operation::kWeightInfo, Operation::kSessionStatus}) {
+    status_routes += (status_routes.empty() ? "" : ", ") + route_text(api::route_for(operation));
+  }
+  commands.server.emplace_back(
+      app.add_subcommand(
           "status",
           "health, engines, world size, paused, weight version and session in one view [" +
               status_routes + "]"),
       status);
-  add(add_route_command(app, Operation::kHealth), health);
-  add(add_route_command(app, Operation::kReload), reload);
 
   commands.completion = app.add_subcommand("completion", "print a shell completion script");
   commands.completion->add_option("shell", args.shell, "bash")
@@ -250,8 +173,7 @@ int run(int argc, const char* const* argv) {
   Args args;
   Commands commands;
   define_global_flags(app, args.flags);
-  define_weights(app, args, commands);
-  define_others(app, args, commands);
+  define_commands(app, args, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

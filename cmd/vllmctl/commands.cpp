@@ -2,7 +2,6 @@
 
 #include <cctype>
 
-#include "cmd/vllmctl/inputs.hpp"
 #include "cmd/vllmctl/reply.hpp"
 #include "common/api/errors.hpp"
 #include "common/wire/msgpack_to_json.hpp"
@@ -11,76 +10,54 @@ namespace vllmd::vllmctl {
 
 namespace {
 
-using api::Operation;
-
 std::string lower_first(std::string text) {
   if (!text.empty()) text[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(text[0])));
   return text;
 }
 
-// The text-mode line for a successful call.
-std::string success_text(Operation operation, const std::optional<JsonReply>& json,
-                         const std::string& detail) {
-  const api::Route& route = api::route_for(operation);
+// A reply member as text: a string as it is, anything else as JSON, "?" when absent.
+std::string member_text(const std::optional<JsonReply>& json, std::string_view key) {
+  if (!json || json->field(key) == nullptr) return "?";
+  auto text = json->string_field(key);
+  return text ? *text : json->json_field(key);
+}
+
+// The route's success line (Cli::success) with each "{member}" replaced by the reply's.
+std::string fill_members(std::string_view format, const std::optional<JsonReply>& json) {
   std::string text;
-  switch (operation) {
-    case Operation::kWeightInfo: {
-      auto version = json ? json->string_field("weight_version") : std::nullopt;
-      text = version ? *version : (json ? json->json_field("weight_version") : "");
+  for (std::size_t at = 0; at < format.size();) {
+    const std::size_t open = format.find('{', at);
+    const std::size_t close = open == std::string_view::npos ? open : format.find('}', open);
+    if (close == std::string_view::npos) {
+      text += format.substr(at);
       break;
     }
-    case Operation::kWorldSize: text = json ? json->json_field("world_size") : ""; break;
-    case Operation::kUpdateWeightVersion: {
-      auto version = json ? json->string_field("new_version") : std::nullopt;
-      text = "weight version set to " + (version ? *version : std::string("?"));
-      break;
-    }
-    case Operation::kPause: text = "generation paused"; break;
-    case Operation::kResume: text = "generation resumed"; break;
-    case Operation::kHealth: text = "healthy"; break;
-    case Operation::kReload: text = "configuration reloaded"; break;
-    default: {
-      // The message routes: the server's own words ("Weights updated"), as a status line.
-      auto message = json ? json->string_field("message") : std::nullopt;
-      text = lower_first(message ? *message : std::string(route.success_message));
-    }
+    text += format.substr(at, open - at);
+    text += member_text(json, format.substr(open + 1, close - open - 1));
+    at = close + 1;
+  }
+  return text;
+}
+
+// The text-mode line for a successful call.
+std::string success_text(const api::Route& route, const std::optional<JsonReply>& json,
+                         const std::string& detail) {
+  std::string text;
+  if (!route.cli.success.empty()) {
+    text = fill_members(route.cli.success, json);
+  } else {
+    // The message routes: the server's own words ("Weights updated"), as a status line.
+    auto message = json ? json->string_field("message") : std::nullopt;
+    text = lower_first(message ? *message : std::string(route.success_message));
   }
   if (!detail.empty()) text += " (" + detail + ")";
   return text;
 }
 
-// Runs the inputs' calls in order (one per input), stopping at the first failure.
-int run_inputs(const Context& context, const std::string& command, Operation operation,
-               std::vector<InfoInput>& inputs) {
-  if (auto checked = check_inputs(inputs); !checked) {
-    context.out().error(command, checked.error().message);
-    return checked.error().exit_code;
-  }
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const std::string detail = inputs.size() == 1
-                                   ? inputs[i].label()
-                                   : std::to_string(i + 1) + "/" + std::to_string(inputs.size()) +
-                                         ": " + inputs[i].label();
-    auto body = inputs[i].take_body();
-    if (!body) {
-      context.out().error(command + " (" + detail + ")", body.error().message);
-      return body.error().exit_code;
-    }
-    const int code = run_step(context, command + " (" + detail + ")",
-                              Call{operation, {}, *body, detail}, detail);
-    if (code != api::exit_code::kOk) return code;
-  }
-  return api::exit_code::kOk;
-}
-
 }  // namespace
 
-std::string finish_body(const std::string& version) {
-  return "{\"weight_version\":" + wire::json_string(version) + "}";
-}
-
-std::string set_version_body(const std::string& version) {
-  return "{\"new_version\":" + wire::json_string(version) + "}";
+std::string string_body(std::string_view key, std::string_view value) {
+  return "{" + wire::json_string(key) + ":" + wire::json_string(value) + "}";
 }
 
 int run_step(const Context& context, const std::string& step, const Call& call,
@@ -90,66 +67,38 @@ int run_step(const Context& context, const std::string& step, const Call& call,
     context.out().error(step, reply.error().message);
     return reply.error().exit_code;
   }
+  const api::Route& route = api::route_for(call.operation);
   const auto json = JsonReply::parse(reply->body);
   // /health answers 200 with an empty body; json mode still prints one document per call.
   std::string document = std::move(reply->body);
-  if (document.empty())
-    document = call.operation == Operation::kHealth ? "{\"healthy\":true}" : "{}";
-  context.out().result(success_text(call.operation, json, detail), document);
+  if (document.empty()) document = route.cli.empty_reply;
+  context.out().result(success_text(route, json, detail), document);
   return api::exit_code::kOk;
 }
 
-int weights_init(const Context& context, const std::string& info) {
-  std::vector<InfoInput> inputs{InfoInput(info, InfoKind::kInit)};
-  return run_inputs(context, "weights init", Operation::kInitWeightTransfer, inputs);
+int run_inputs(const Context& context, const std::string& step, const Call& call,
+               std::vector<InfoInput>& inputs) {
+  if (auto checked = check_inputs(inputs); !checked) {
+    context.out().error(step, checked.error().message);
+    return checked.error().exit_code;
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::string detail = inputs.size() == 1
+                                   ? inputs[i].label()
+                                   : std::to_string(i + 1) + "/" + std::to_string(inputs.size()) +
+                                         ": " + inputs[i].label();
+    auto body = inputs[i].take_body();
+    if (!body) {
+      context.out().error(step + " (" + detail + ")", body.error().message);
+      return body.error().exit_code;
+    }
+    Call one = call;
+    one.body = *body;
+    one.progress_label = detail;
+    const int code = run_step(context, step + " (" + detail + ")", one, detail);
+    if (code != api::exit_code::kOk) return code;
+  }
+  return api::exit_code::kOk;
 }
-
-int weights_start(const Context& context, bool draft) {
-  // No body at all: vLLM's trainers send none, and the route ignores one.
-  const Operation operation =
-      draft ? Operation::kStartDraftWeightUpdate : Operation::kStartWeightUpdate;
-  return run_step(context, draft ? "weights start --draft" : "weights start", Call{operation});
-}
-
-int weights_update(const Context& context, const std::vector<std::string>& infos) {
-  std::vector<InfoInput> inputs;
-  for (const std::string& info : infos) inputs.emplace_back(info, InfoKind::kUpdate);
-  return run_inputs(context, "weights update", Operation::kUpdateWeights, inputs);
-}
-
-int weights_finish(const Context& context, const std::optional<std::string>& version) {
-  if (!version) return run_step(context, "weights finish", Call{Operation::kFinishWeightUpdate});
-  const std::string body = finish_body(*version);
-  return run_step(context, "weights finish", Call{Operation::kFinishWeightUpdate, {}, body},
-                  "version " + *version);
-}
-
-int weights_info(const Context& context) {
-  return run_step(context, "weights info", Call{Operation::kWeightInfo});
-}
-
-int weights_set_version(const Context& context, const std::string& version) {
-  const std::string body = set_version_body(version);
-  return run_step(context, "weights set-version", Call{Operation::kUpdateWeightVersion, {}, body});
-}
-
-int world_size(const Context& context, bool include_dp) {
-  Call call{Operation::kWorldSize};
-  if (!include_dp) call.query.emplace_back("include_dp", "false");
-  return run_step(context, "world-size", call);
-}
-
-int pause(const Context& context, const std::string& mode, bool keep_cache) {
-  Call call{Operation::kPause};
-  if (!mode.empty()) call.query.emplace_back("mode", mode);
-  if (keep_cache) call.query.emplace_back("clear_cache", "false");
-  return run_step(context, "pause", call);
-}
-
-int resume(const Context& context) { return run_step(context, "resume", Call{Operation::kResume}); }
-
-int reload(const Context& context) { return run_step(context, "reload", Call{Operation::kReload}); }
-
-int health(const Context& context) { return run_step(context, "health", Call{Operation::kHealth}); }
 
 }  // namespace vllmd::vllmctl

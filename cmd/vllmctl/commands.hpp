@@ -1,26 +1,17 @@
 #pragma once
 // vllmctl's commands. Each returns the process exit code (product.md): 0 only on success.
+// The routes' own commands come from the API table (route_commands.hpp); these are the ones
+// that combine routes.
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cmd/vllmctl/context.hpp"
+#include "cmd/vllmctl/inputs.hpp"
 
 namespace vllmd::vllmctl {
-
-int weights_init(const Context& context, const std::string& info);
-int weights_start(const Context& context, bool draft);
-int weights_update(const Context& context, const std::vector<std::string>& infos);
-int weights_finish(const Context& context, const std::optional<std::string>& version);
-int weights_info(const Context& context);
-int weights_set_version(const Context& context, const std::string& version);
-int world_size(const Context& context, bool include_dp);
-// An empty mode leaves the server's default (abort).
-int pause(const Context& context, const std::string& mode, bool keep_cache);
-int resume(const Context& context);
-int health(const Context& context);
-int reload(const Context& context);
 
 struct SyncArgs {
   std::string init;
@@ -36,9 +27,12 @@ int status(const Context& context);
 // under `step`). Returns the exit code.
 int run_step(const Context& context, const std::string& step, const Call& call,
              const std::string& detail = "");
+// One call per input file, in order, each checked before the first is sent; stops at the
+// first failure.
+int run_inputs(const Context& context, const std::string& step, const Call& call,
+               std::vector<InfoInput>& inputs);
 
-// Request bodies vllmctl builds itself.
-std::string finish_body(const std::string& version);       // {"weight_version":V}
-std::string set_version_body(const std::string& version);  // {"new_version":V}
+// {"<key>":"<value>"}: the body of a route that takes one string member.
+std::string string_body(std::string_view key, std::string_view value);
 
 }  // namespace vllmd::vllmctl

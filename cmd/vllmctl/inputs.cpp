@@ -35,11 +35,11 @@ bool read_all(int fd, std::string& out) {
   }
 }
 
-tl::expected<std::string, InputError> read_wrapped(const std::string& path, InfoKind kind) {
-  std::string body = "{\"" + std::string(info_key(kind)) + "\":";
+tl::expected<std::string, InputError> read_wrapped(const std::string& path, std::string_view key) {
+  std::string body = "{\"" + std::string(key) + "\":";
   if (path == "-") {
     if (::isatty(STDIN_FILENO) == 1) {
-      return fail(exit_code::kUsage, "refusing to read " + std::string(info_key(kind)) +
+      return fail(exit_code::kUsage, "refusing to read " + std::string(key) +
                                          " from a terminal; pipe it in (... --info - < FILE) "
                                          "or pass the file name");
     }
@@ -75,9 +75,9 @@ bool starts_with_own_key(std::string_view input, std::string_view key) {
   return at != std::string_view::npos && input.substr(at, quoted.size()) == quoted;
 }
 
-tl::expected<void, InputError> validate(std::string_view body, InfoKind kind,
+tl::expected<void, InputError> validate(std::string_view body, const api::Route& route,
                                         const std::string& label) {
-  const std::string_view key = info_key(kind);
+  const std::string_view key = route.member;
   const std::size_t prefix = key.size() + 4;  // {"key":
   const std::string_view input = body.substr(prefix, body.size() - prefix - 1);
   // One pass over the wrapped body checks both the JSON and the server's shape rule. It has
@@ -89,7 +89,7 @@ tl::expected<void, InputError> validate(std::string_view body, InfoKind kind,
                 label + ": invalid JSON: " +
                     (alone ? "more than one JSON value" : alone.error().describe()));
   }
-  auto value = kind == InfoKind::kInit ? api::init_info(*wrapped) : api::update_info(*wrapped);
+  auto value = api::member_value(route, *wrapped);
   if (!value) {
     return fail(exit_code::kRejected,
                 label + ": " + value.error().message + " (param: " + std::string(key) + ")");
@@ -104,17 +104,13 @@ tl::expected<void, InputError> validate(std::string_view body, InfoKind kind,
 
 }  // namespace
 
-std::string_view info_key(InfoKind kind) {
-  return kind == InfoKind::kInit ? "init_info" : "update_info";
-}
-
-InfoInput::InfoInput(std::string path, InfoKind kind)
-    : path_(std::move(path)), label_(path_ == "-" ? "stdin" : path_), kind_(kind) {}
+InfoInput::InfoInput(std::string path, const api::Route& route)
+    : path_(std::move(path)), label_(path_ == "-" ? "stdin" : path_), route_(&route) {}
 
 tl::expected<void, InputError> InfoInput::check(bool keep) {
-  auto body = read_wrapped(path_, kind_);
+  auto body = read_wrapped(path_, route_->member);
   if (!body) return tl::unexpected(body.error());
-  if (auto valid = validate(*body, kind_, label_); !valid) return valid;
+  if (auto valid = validate(*body, *route_, label_); !valid) return valid;
   if (keep || path_ == "-") body_ = std::move(*body);
   return {};
 }
@@ -126,7 +122,7 @@ tl::expected<std::string, InputError> InfoInput::take_body() {
     return body;
   }
   // Checked before; the server validates again should the file have changed since.
-  return read_wrapped(path_, kind_);
+  return read_wrapped(path_, route_->member);
 }
 
 tl::expected<void, InputError> check_inputs(std::vector<InfoInput>& inputs) {

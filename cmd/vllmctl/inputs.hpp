@@ -9,10 +9,9 @@
 #include <tl/expected.hpp>
 #include <vector>
 
-namespace vllmd::vllmctl {
+#include "common/api/table.hpp"
 
-enum class InfoKind { kInit, kUpdate };
-std::string_view info_key(InfoKind kind);  // "init_info", "update_info"
+namespace vllmd::vllmctl {
 
 struct InputError {
   int exit_code = 0;  // 64 (terminal stdin), 65 (bad JSON or shape), 66 (missing, unreadable)
@@ -21,11 +20,11 @@ struct InputError {
 
 class InfoInput {
  public:
-  InfoInput(std::string path, InfoKind kind);
+  // The input of `route`'s body member (Route::member, checked as Route::member_kind).
+  InfoInput(std::string path, const api::Route& route);
 
   const std::string& path() const { return path_; }
   const std::string& label() const { return label_; }  // the path as given, "stdin" for "-"
-  InfoKind kind() const { return kind_; }
 
   // Reads and validates the input. The body is kept when `keep`, and always for stdin,
   // which cannot be read twice; otherwise it is read again when sent (files reach ~90 MB).
@@ -36,7 +35,7 @@ class InfoInput {
  private:
   std::string path_;
   std::string label_;
-  InfoKind kind_;
+  const api::Route* route_;
   std::optional<std::string> body_;
 };
 

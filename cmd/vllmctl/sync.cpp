@@ -32,8 +32,11 @@ int weights_sync(const Context& given, const SyncArgs& args) {
   using api::Operation;
   // --session / VLLMCTL_SESSION when given (a session spread over commands), else a fresh one.
   const Context context = given.session().empty() ? given.with_session(fresh_session_id()) : given;
-  std::vector<InfoInput> inputs{InfoInput(args.init, InfoKind::kInit)};
-  for (const std::string& update : args.updates) inputs.emplace_back(update, InfoKind::kUpdate);
+  std::vector<InfoInput> inputs{
+      InfoInput(args.init, api::route_for(Operation::kInitWeightTransfer))};
+  for (const std::string& update : args.updates) {
+    inputs.emplace_back(update, api::route_for(Operation::kUpdateWeights));
+  }
   // All inputs are checked before generation is paused: a typo must not cost a pause.
   if (auto checked = check_inputs(inputs); !checked) {
     context.out().error(kCommand, checked.error().message);
@@ -77,7 +80,8 @@ int weights_sync(const Context& given, const SyncArgs& args) {
         std::to_string(i) + "/" + std::to_string(updates) + ": " + inputs[i].label();
     send("update", Operation::kUpdateWeights, inputs[i], detail);
   }
-  const std::string finish = args.version ? finish_body(*args.version) : std::string();
+  const std::string finish =
+      args.version ? string_body("weight_version", *args.version) : std::string();
   step("finish",
        args.version ? Call{Operation::kFinishWeightUpdate, {}, finish}
                     : Call{Operation::kFinishWeightUpdate},

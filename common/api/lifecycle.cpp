@@ -51,51 +51,14 @@ Response with_note(ApiError error, const std::string& note, double seconds) {
 
 }  // namespace
 
-// One lifecycle call, validated: what its engine calls need, kept alive until they are sent.
-struct WeightSyncService::LifecycleCall {
-  const Route* route = nullptr;
-  std::optional<wire::Transcoded> document;
-  std::string_view value;  // the validated init_info / update_info, inside `document`
-  std::string kwarg;
-  std::optional<std::string> version;
-  std::optional<std::string> client;  // its Vllmd-Session id
-};
-
-void WeightSyncService::lifecycle(const Route& route, std::string body,
-                                  std::optional<std::string> client, Done done) {
-  // Validate before queueing: a bad request never waits and never reaches an engine.
-  auto call = std::make_shared<LifecycleCall>();
-  call->route = &route;
-  call->client = std::move(client);
-  if (route.body == Body::kRequired || (route.body == Body::kOptional && !body.empty())) {
-    auto parsed = parse_object_body(body);
-    if (!parsed) return done(error_response(parsed.error()));
-    call->document = std::move(*parsed);
-    std::string().swap(body);  // the msgpack holds everything now
-  }
-  const wire::Transcoded* document = call->document ? &*call->document : nullptr;
-  if (route.operation == Operation::kInitWeightTransfer) {
-    auto info = init_info(*document);
-    if (!info) return done(error_response(info.error()));
-    call->value = *info;
-    call->kwarg = "init_info";
-  } else if (route.operation == Operation::kUpdateWeights) {
-    auto info = update_info(*document);
-    if (!info) return done(error_response(info.error()));
-    call->value = *info;
-    call->kwarg = "update_info";
-  } else if (route.operation == Operation::kFinishWeightUpdate && document) {
-    auto requested = finish_version(*document);
-    if (!requested) return done(error_response(requested.error()));
-    call->version = *requested;
-  } else if (route.operation == Operation::kUpdateWeightVersion) {
-    auto requested = new_version(*document);
-    if (!requested) return done(error_response(requested.error()));
-    call->version = *requested;
-  }
+// Validated before it may wait (a bad request never waits and never reaches an engine), then
+// run in its turn.
+void WeightSyncService::enqueue(const CallPtr& call, Done done) {
+  if (auto valid = validate_body(*call); !valid) return done(error_response(valid.error()));
+  const Handler handler = call->route->handler;
   lifecycle_queue_.run(
-      [this, call, done](SerialQueue::Finished finished) {
-        run_lifecycle(call, [done, finished](Response response) {
+      [this, call, handler, done](SerialQueue::Finished finished) {
+        (this->*handler)(call, [done, finished](Response response) {
           finished();
           done(std::move(response));
         });
@@ -107,27 +70,20 @@ void WeightSyncService::lifecycle(const Route& route, std::string body,
       });
 }
 
-void WeightSyncService::run_lifecycle(const std::shared_ptr<LifecycleCall>& call, Done done) {
-  switch (call->route->operation) {
-    case Operation::kStartWeightUpdate:
-    case Operation::kStartDraftWeightUpdate: return start(call, std::move(done));
-    case Operation::kUpdateWeights: return update(call, std::move(done));
-    case Operation::kFinishWeightUpdate: return finish(call, std::move(done));
-    case Operation::kUpdateWeightVersion:
-      return set_version(
-          *call->version, 0, {}, [version = *call->version, done](Response response) {
-            if (response.status == 200) {
-              response.body =
-                  "{\"success\":true,\"new_version\":" + wire::json_string(version) + "}";
-            }
-            done(std::move(response));
-          });
-    default:  // init: no session involved
-      return forward(*call, {}, [call, done](FanOut result) {
-        if (result.error) return done(error_response(*result.error, result.seconds));
-        done(succeeded_response(*call->route, result.seconds));
-      });
-  }
+void WeightSyncService::forward_to_workers(const CallPtr& call, Done done) {
+  forward(*call, {}, [call, done](FanOut result) {
+    if (result.error) return done(error_response(*result.error, result.seconds));
+    done(succeeded_response(*call->route, result.seconds));
+  });
+}
+
+void WeightSyncService::set_version_label(const CallPtr& call, Done done) {
+  commit_version(*call->text, 0, {}, [version = *call->text, done](Response response) {
+    if (response.status == 200) {
+      response.body = "{\"success\":true,\"new_version\":" + wire::json_string(version) + "}";
+    }
+    done(std::move(response));
+  });
 }
 
 Response WeightSyncService::succeeded_response(const Route& route, double seconds) {
@@ -139,27 +95,31 @@ Response WeightSyncService::succeeded_response(const Route& route, double second
 
 // The call's worker method through collective_rpc on every engine, only to the engine
 // incarnations given (by rank; empty: any).
-void WeightSyncService::forward(const LifecycleCall& call, std::vector<std::uint64_t> incarnations,
+void WeightSyncService::forward(const Call& call, std::vector<std::uint64_t> incarnations,
                                 std::function<void(FanOut)> then) {
   const Route& route = *call.route;
-  const std::string header = collective_rpc_header(route.worker_method, call.kwarg);
+  // The validated member goes on as the worker method's keyword argument (init_info, ...).
+  const bool passed_on =
+      route.member_kind == Member::kObject || route.member_kind == Member::kObjectOrList;
+  const std::string header =
+      collective_rpc_header(route.worker_method, passed_on ? route.member : std::string_view());
   engine::EngineClient::ArgParts args{header};
   if (!call.value.empty()) args.push_back(call.value);
   CallOptions options{options_.lifecycle_timeout, true};
   options.incarnations = std::move(incarnations);
-  fan_out(std::string(route.worker_method), std::string(route.metric_operation),
-          std::string(route.engine_method), args, options, {}, std::move(then));
+  fan_out(std::string(route.worker_method), std::string(route.metric),
+          std::string(route.engine_method), args, options, Changes::kNothing, {}, std::move(then));
 }
 
-void WeightSyncService::start(const std::shared_ptr<LifecycleCall>& call, Done done) {
-  if (auto conflict = sessions_.conflict(call->client)) return done(error_response(*conflict));
+void WeightSyncService::start(const CallPtr& call, Done done) {
+  if (auto conflict = sessions_.conflict(call->session)) return done(error_response(*conflict));
   // A rank that may still hold a session vllmd gave up on is closed first, or it would refuse.
   flush_pending_closes([this, call, done] {
     const std::vector<std::uint64_t> incarnations = current_incarnations();
     forward(*call, incarnations, [this, call, incarnations, done](FanOut result) {
       const bool draft = call->route->operation == Operation::kStartDraftWeightUpdate;
       if (!result.error) {
-        sessions_.opened(call->client, draft, incarnations);
+        sessions_.opened(call->session, draft, incarnations);
         return done(succeeded_response(*call->route, result.seconds));
       }
       // The ranks that did start (or may have: the reply was lost) hold a session the others
@@ -201,9 +161,9 @@ void WeightSyncService::flush_pending_closes(std::function<void()> then) {
 
 // Whether the caller may go on with the open session (or none): a conflict, or a session
 // lost to a restarted engine, is answered here. The session's incarnations when it may.
-std::optional<std::vector<std::uint64_t>> WeightSyncService::continue_session(
-    const LifecycleCall& call, Done& done) {
-  if (auto conflict = sessions_.conflict(call.client)) {
+std::optional<std::vector<std::uint64_t>> WeightSyncService::continue_session(const Call& call,
+                                                                              Done& done) {
+  if (auto conflict = sessions_.conflict(call.session)) {
     done(error_response(*conflict));
     return std::nullopt;
   }
@@ -215,7 +175,7 @@ std::optional<std::vector<std::uint64_t>> WeightSyncService::continue_session(
   return session;
 }
 
-void WeightSyncService::update(const std::shared_ptr<LifecycleCall>& call, Done done) {
+void WeightSyncService::update(const CallPtr& call, Done done) {
   const auto continued = continue_session(*call, done);
   if (!continued) return;
   const std::vector<std::uint64_t>& session = *continued;
@@ -239,7 +199,7 @@ void WeightSyncService::update(const std::shared_ptr<LifecycleCall>& call, Done 
   });
 }
 
-void WeightSyncService::finish(const std::shared_ptr<LifecycleCall>& call, Done done) {
+void WeightSyncService::finish(const CallPtr& call, Done done) {
   const auto continued = continue_session(*call, done);
   if (!continued) return;
   const std::vector<std::uint64_t>& session = *continued;
@@ -268,11 +228,11 @@ void WeightSyncService::finish(const std::shared_ptr<LifecycleCall>& call, Done 
       });
     }
     sessions_.closed();
-    if (!call->version) return done(succeeded_response(*call->route, result.seconds));
+    if (!call->text) return done(succeeded_response(*call->route, result.seconds));
     // Commit the version only now that every engine finished, and only on the engine
     // incarnations that held the session; a failure here is reported as set_weight_version's,
     // so the trainer can tell it from a failed finish.
-    set_version(*call->version, result.seconds, session, [call, done](Response response) {
+    commit_version(*call->text, result.seconds, session, [call, done](Response response) {
       if (response.status == 200) response.body = message_body(call->route->success_message);
       done(std::move(response));
     });
@@ -281,13 +241,13 @@ void WeightSyncService::finish(const std::shared_ptr<LifecycleCall>& call, Done 
 
 // set_weight_version on every engine; on success the known state holds `version`, and the
 // version labels the weights again.
-void WeightSyncService::set_version(const std::string& version, double seconds_before,
-                                    std::vector<std::uint64_t> incarnations, Done done) {
+void WeightSyncService::commit_version(const std::string& version, double seconds_before,
+                                       std::vector<std::uint64_t> incarnations, Done done) {
   const std::string args = wire::encode_string_array({version});
   CallOptions options{options_.lifecycle_timeout, true};
   options.incarnations = std::move(incarnations);
-  fan_out("set_weight_version", "set_version", "set_weight_version", {args}, options, {},
-          [this, version, seconds_before, done](FanOut set) {
+  fan_out("set_weight_version", "set_version", "set_weight_version", {args}, options,
+          Changes::kVersion, {}, [this, version, seconds_before, done](FanOut set) {
             const double seconds = seconds_before + set.seconds;
             if (set.error) {
               std::vector<int> unknown;  // sent, but the answer was lost: it may have applied
@@ -347,7 +307,7 @@ void WeightSyncService::close_sessions(const std::vector<int>& ranks,
   const std::string header = collective_rpc_header("finish_weight_update", "");
   CallOptions options{options_.lifecycle_timeout, true};
   options.incarnations = std::move(incarnations);
-  fan_out("finish_weight_update", "", "collective_rpc", {header}, options, ranks,
+  fan_out("finish_weight_update", "", "collective_rpc", {header}, options, Changes::kNothing, ranks,
           [this, then, incarnations = options.incarnations](FanOut result) {
             const std::string outcome = close_outcome(result.replies, incarnations);
             log::notice("weight-update session recovery: ", outcome);
@@ -370,7 +330,9 @@ std::string WeightSyncService::close_outcome(const std::vector<EngineReply>& rep
       pending_closes_.erase(reply.rank);
       continue;
     }
-    if (reply.value.error().kind != CallErrorKind::kFailed && rank < incarnations.size()) {
+    // Unknown outcome (unreachable, no answer, an undecodable answer): close it again later.
+    const engine::CallError& error = reply.value.error();
+    if ((error.kind != CallErrorKind::kFailed || error.sent) && rank < incarnations.size()) {
       pending_closes_[reply.rank] = incarnations[rank];
       retried = true;
     }

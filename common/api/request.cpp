@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "common/api/table.hpp"
 #include "common/wire/msgpack_codec.hpp"
 
 namespace vllmd::api {
@@ -20,27 +21,8 @@ tl::expected<wire::Transcoded, ApiError> parse_object_body(std::string_view body
   return std::move(*transcoded);
 }
 
-tl::expected<std::string_view, ApiError> init_info(const wire::Transcoded& body) {
-  const wire::TopLevelMember* member = body.find("init_info");
-  if (member == nullptr || member->kind != JsonKind::kObject) {
-    return tl::unexpected(invalid_request("'init_info' must be a JSON object", "init_info"));
-  }
-  return body.value_bytes(*member);
-}
-
-tl::expected<std::string_view, ApiError> update_info(const wire::Transcoded& body) {
-  const wire::TopLevelMember* member = body.find("update_info");
-  const bool valid =
-      member != nullptr && (member->kind == JsonKind::kObject ||
-                            (member->kind == JsonKind::kArray && member->all_elements_objects));
-  if (!valid) {
-    return tl::unexpected(invalid_request(
-        "'update_info' must be a JSON object or a list of per-worker JSON objects", "update_info"));
-  }
-  return body.value_bytes(*member);
-}
-
 namespace {
+
 std::optional<std::string> string_member(const wire::Transcoded& body,
                                          const wire::TopLevelMember& member) {
   if (member.kind != JsonKind::kString) return std::nullopt;
@@ -49,28 +31,64 @@ std::optional<std::string> string_member(const wire::Transcoded& body,
   auto text = wire::as_str(handle->get());
   return text ? std::optional<std::string>(std::string(*text)) : std::nullopt;
 }
-}  // namespace
 
-tl::expected<std::optional<std::string>, ApiError> finish_version(const wire::Transcoded& body) {
-  const wire::TopLevelMember* member = body.find("weight_version");
-  if (member == nullptr || member->kind == JsonKind::kNull) return std::nullopt;
-  auto version = string_member(body, *member);
-  if (!version) {
-    return tl::unexpected(
-        invalid_request("Invalid 'finish_weight_update' request body", "weight_version"));
+ApiError bad_member(const Route& route) {
+  const std::string member(route.member);
+  switch (route.member_kind) {
+    case Member::kObject: return invalid_request("'" + member + "' must be a JSON object", member);
+    case Member::kObjectOrList:
+      return invalid_request(
+          "'" + member + "' must be a JSON object or a list of per-worker JSON objects", member);
+    case Member::kString:
+    case Member::kOptionalString:
+    case Member::kNone: break;
   }
-  return version;
+  // As vLLM words it: the route's name, not the member's.
+  return invalid_request("Invalid '" + std::string(route.path.substr(1)) + "' request body",
+                         member);
 }
 
-tl::expected<std::string, ApiError> new_version(const wire::Transcoded& body) {
-  const wire::TopLevelMember* member = body.find("new_version");
-  std::optional<std::string> version;
-  if (member != nullptr) version = string_member(body, *member);
-  if (!version) {
-    return tl::unexpected(
-        invalid_request("Invalid 'update_weight_version' request body", "new_version"));
+}  // namespace
+
+tl::expected<MemberValue, ApiError> member_value(const Route& route, const wire::Transcoded& body) {
+  const wire::TopLevelMember* member = body.find(route.member);
+  MemberValue found;
+  switch (route.member_kind) {
+    case Member::kNone: return found;
+    case Member::kObject:
+      if (member == nullptr || member->kind != JsonKind::kObject) break;
+      found.value = body.value_bytes(*member);
+      return found;
+    case Member::kObjectOrList:
+      if (member == nullptr ||
+          !(member->kind == JsonKind::kObject ||
+            (member->kind == JsonKind::kArray && member->all_elements_objects))) {
+        break;
+      }
+      found.value = body.value_bytes(*member);
+      return found;
+    case Member::kOptionalString:
+      if (member == nullptr || member->kind == JsonKind::kNull) return found;
+      [[fallthrough]];
+    case Member::kString:
+      if (member == nullptr || !(found.text = string_member(body, *member))) break;
+      return found;
   }
-  return std::move(*version);
+  return tl::unexpected(bad_member(route));
+}
+
+tl::expected<void, ApiError> validate_body(Call& call) {
+  const Route& route = *call.route;
+  if (route.body == Body::kNone || (route.body == Body::kOptional && call.body.empty())) return {};
+  auto parsed = parse_object_body(call.body);
+  if (!parsed) return tl::unexpected(parsed.error());
+  call.document = std::move(*parsed);
+  std::string().swap(call.body);  // the msgpack holds everything now
+  auto member = member_value(route, *call.document);
+  if (!member) return tl::unexpected(member.error());
+  call.value = member->value;
+  call.text = std::move(member->text);
+  return {};
 }
 
 const std::string* query_value(const Query& query, std::string_view key) {

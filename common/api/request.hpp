@@ -20,14 +20,21 @@ using Query = std::vector<std::pair<std::string, std::string>>;
 // The body as a JSON object, transcoded; json_parse_error / "must be a JSON object" otherwise.
 tl::expected<wire::Transcoded, ApiError> parse_object_body(std::string_view body);
 
-// The msgpack bytes of `init_info` (an object).
-tl::expected<std::string_view, ApiError> init_info(const wire::Transcoded& body);
-// The msgpack bytes of `update_info` (an object, or an array of objects).
-tl::expected<std::string_view, ApiError> update_info(const wire::Transcoded& body);
-// `weight_version` of a finish body: absent or null -> nullopt, a string -> it.
-tl::expected<std::optional<std::string>, ApiError> finish_version(const wire::Transcoded& body);
-// `new_version` of an update_weight_version body: a string.
-tl::expected<std::string, ApiError> new_version(const wire::Transcoded& body);
+struct Call;
+struct Route;
+
+// A route's body member (Route::member, member_kind), checked: its msgpack bytes inside the
+// body, or its text for a string member.
+struct MemberValue {
+  std::string_view value;
+  std::optional<std::string> text;
+};
+tl::expected<MemberValue, ApiError> member_value(const Route& route, const wire::Transcoded& body);
+
+// A call's body, as its route takes it (Route::body, member, member_kind): transcoded into
+// call.document (the raw body released), the member's bytes into call.value, a string member
+// into call.text. The 400s of docs/http-api.md.
+tl::expected<void, ApiError> validate_body(Call& call);
 
 // Query parameters. Booleans accept what FastAPI accepts: true/false, 1/0, yes/no, on/off.
 const std::string* query_value(const Query& query, std::string_view key);

@@ -1,7 +1,8 @@
 #pragma once
-// The weight-sync service: one validated route in, one HTTP response out, with the engine
-// calls in between (http-api.md section 5). It knows nothing of sockets or HTTP servers, so
-// the daemon, the tests and the benchmarks drive the same code.
+// The weight-sync service: one call in, one response out, with the engine calls in between
+// (http-api.md section 5). The API table says how each route is served and names its handler
+// here. It knows nothing of sockets or HTTP servers, so the daemon, the tests and the
+// benchmarks drive the same code.
 
 #include <atomic>
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/api/call.hpp"
 #include "common/api/errors.hpp"
 #include "common/api/known_state.hpp"
 #include "common/api/request.hpp"
@@ -35,25 +37,15 @@ struct ServiceOptions {
   std::chrono::milliseconds session_idle_timeout = std::chrono::minutes(10);
 };
 
-struct Response {
-  int status = 200;
-  std::string body;
-  std::string content_type = "application/json";
-  double engine_seconds = 0;  // time spent waiting for engines
-};
-
 Response error_response(const ApiError& error, double engine_seconds = 0);
 
 // The outcome of one operation that reached the engines, for the duration histogram.
 using OperationObserver = std::function<void(std::string_view operation, double seconds)>;
 
-// Every request ends in exactly one call of its Done, from whatever thread finished it (the
-// caller's, an engine IO thread's or the executor's): it must not block.
-using Done = std::function<void(Response)>;
-
-// What a request carries besides its route, query and body.
-struct RequestContext {
-  std::optional<std::string> session;  // its Vllmd-Session id (valid; nullopt: none)
+// What only the daemon can answer, for the routes the service hands to it.
+struct DaemonHooks {
+  std::function<Response()> metrics;                   // Prometheus text
+  std::function<std::optional<std::string>()> reload;  // the error line, when invalid
 };
 
 class WeightSyncService {
@@ -62,25 +54,37 @@ class WeightSyncService {
   WeightSyncService(engine::EngineClient& engines, ServiceOptions options,
                     util::Executor* executor = nullptr);
 
-  // `body` is the raw request body (empty when none was sent); it is released once
-  // transcoded, so a 90 MB body and its msgpack never sit in memory with a third copy.
-  // Validation and transcoding run on the calling thread; nothing waits there.
-  void handle(const Route& route, const Query& query, std::string body, RequestContext context,
-              Done done);
-
-  // Whether `operation` is answered without waiting for an engine right now (a GET that
-  // reads vllmd's own state): handle_without_waiting then answers it in place.
-  bool answers_at_once(Operation operation) const;
-  // Reads from known state even when it is uncertain, never asking the engines.
-  Response handle_without_waiting(const Route& route, const Query& query);
+  // Answers one call as its route says (Route::handling, Route::handler). Validation and
+  // transcoding run on the calling thread; nothing waits there.
+  void handle(const CallPtr& call, Done done);
+  // Whether the route is answered without waiting for an engine right now (vllmd's own
+  // answers, and reads of known state): an event loop may then call handle in place.
+  bool answers_at_once(const Route& route) const;
 
   void set_operation_observer(OperationObserver observer) { observer_ = std::move(observer); }
+  void set_daemon_hooks(DaemonHooks hooks) { hooks_ = std::move(hooks); }
   // Give it every engine state change (EngineClient::set_state_listener), while both live.
   void on_engine_state(const engine::EngineStatus& engine);
 
+  // The routes' handlers (named by the API table). Lifecycle ones run in the lifecycle
+  // queue with the call's body validated; the others as they come.
+  void forward_to_workers(const CallPtr& call, Done done);  // init
+  void start(const CallPtr& call, Done done);
+  void update(const CallPtr& call, Done done);
+  void finish(const CallPtr& call, Done done);
+  void set_version_label(const CallPtr& call, Done done);  // update_weight_version
+  void read(const CallPtr& call, Done done);               // weight_info, is_paused
+  void scheduler(const CallPtr& call, Done done);          // pause, resume
+  void world_size(const CallPtr& call, Done done);
+  void health(const CallPtr& call, Done done);
+  void version(const CallPtr& call, Done done);
+  void metrics(const CallPtr& call, Done done);
+  void reload(const CallPtr& call, Done done);
+  void session_status(const CallPtr& call, Done done);
+
  private:
   // Runs one UTILITY method on every engine (or on `ranks`); `then` gets the replies and the
-  // error summary.
+  // error summary. `changes`: the known state it makes uncertain until it succeeds.
   struct FanOut {
     std::uint64_t sequence = 0;  // known state: what it established dates from then
     std::optional<ApiError> error;
@@ -89,23 +93,17 @@ class WeightSyncService {
   };
   void fan_out(std::string operation_name, std::string metric, std::string engine_method,
                const engine::EngineClient::ArgParts& args, const engine::CallOptions& options,
-               const std::vector<int>& ranks, std::function<void(FanOut)> then);
+               Changes changes, const std::vector<int>& ranks, std::function<void(FanOut)> then);
 
   // The lifecycle (lifecycle.cpp).
-  struct LifecycleCall;
-  void lifecycle(const Route& route, std::string body, std::optional<std::string> client,
-                 Done done);
-  void run_lifecycle(const std::shared_ptr<LifecycleCall>& call, Done done);
+  void enqueue(const CallPtr& call, Done done);
   static Response succeeded_response(const Route& route, double seconds);
-  void forward(const LifecycleCall& call, std::vector<std::uint64_t> incarnations,
+  void forward(const Call& call, std::vector<std::uint64_t> incarnations,
                std::function<void(FanOut)> then);
-  void start(const std::shared_ptr<LifecycleCall>& call, Done done);
   void flush_pending_closes(std::function<void()> then);
-  std::optional<std::vector<std::uint64_t>> continue_session(const LifecycleCall& call, Done& done);
-  void update(const std::shared_ptr<LifecycleCall>& call, Done done);
-  void finish(const std::shared_ptr<LifecycleCall>& call, Done done);
-  void set_version(const std::string& version, double seconds_before,
-                   std::vector<std::uint64_t> incarnations, Done done);
+  std::optional<std::vector<std::uint64_t>> continue_session(const Call& call, Done& done);
+  void commit_version(const std::string& version, double seconds_before,
+                      std::vector<std::uint64_t> incarnations, Done done);
   void lose(const std::vector<int>& restarted, const std::vector<std::uint64_t>& session,
             bool survivors_open, double seconds, Done done);
   void close_sessions(const std::vector<int>& ranks, std::vector<std::uint64_t> incarnations,
@@ -116,19 +114,16 @@ class WeightSyncService {
   std::vector<int> restarted_ranks(const std::vector<std::uint64_t>& session) const;
   std::vector<int> all_ranks() const;
 
-  // Reads, the scheduler and vllmd's own answers (service.cpp).
-  void read(const Route& route, Done done);
-  void scheduler(const Route& route, const Query& query, Done done);
+  void deliver_scheduler(int rank, std::pair<std::string, std::string> call);  // scheduler.cpp
+  // Reads and vllmd's own answers (service.cpp).
   Response known_answer(const Route& route);
   void sync_known();
   std::optional<ApiError> not_ready() const;
-  Response health() const;
-  Response version() const;
-  Response world_size(const Query& query) const;
 
   engine::EngineClient& engines_;
   ServiceOptions options_;
   OperationObserver observer_;
+  DaemonHooks hooks_;
   SerialQueue lifecycle_queue_;
   Sessions sessions_;
   std::atomic<int> calls_in_flight_{0};

@@ -1,9 +1,13 @@
 #pragma once
-// The one API table: every route vllmd serves, as data. The daemon's router, vllmctl's
-// commands and help, and the tests all read it, so a route exists in exactly one place.
+// The one API table: every route vllmd serves, as data, each row naming the service function
+// that answers it (as Redis's command table names each command's function). The daemon's
+// router, the service's dispatch, the metrics, vllmctl's commands and help, and the tests
+// read it: adding a route is one row, one handler and its tests.
 
-#include <array>
+#include <span>
 #include <string_view>
+
+#include "common/api/call.hpp"
 
 namespace vllmd::api {
 
@@ -26,74 +30,96 @@ enum class Operation {
   kSessionStatus,
 };
 
+// How a route is served. Every switch over it names every kind: a new one does not compile
+// until each place handles it.
+enum class Handling {
+  kLifecycle,  // weight-update calls: one at a time, in order, owned sessions (SerialQueue)
+  kRead,       // an engine's state: from known state when certain, else asked of every engine
+  kScheduler,  // pause/resume: an engine call outside the lifecycle queue
+  kLocal,      // vllmd's own answer, no engine call: served on the event loop
+};
+
+// The request body a route takes.
 enum class Body {
   kNone,      // any body is read and ignored
   kOptional,  // none at all, or a JSON object
   kRequired,  // a JSON object
 };
 
-struct Route {
-  Operation operation;
-  std::string_view method;  // "GET" or "POST"
-  std::string_view path;
-  bool dev_only;   // 404 unless dev mode is on
-  bool lifecycle;  // serialized across clients
-  Body body;
-  std::string_view worker_method;     // collective_rpc worker method, or empty
-  std::string_view engine_method;     // engine-core UTILITY method, or empty (no engine call)
-  std::string_view metric_operation;  // label in the operation-duration histogram, or empty
-  std::string_view success_message;   // {"message": ...} routes
-  std::string_view cli;               // vllmctl command
-  std::string_view summary;
+// What a route's one body member must be (validated before anything reaches an engine).
+enum class Member {
+  kNone,
+  kObject,          // init_info: a JSON object
+  kObjectOrList,    // update_info: an object, or an array of objects (per worker)
+  kString,          // new_version
+  kOptionalString,  // weight_version: absent, null or a string
 };
 
-inline constexpr std::array<Route, 16> kRoutes{{
-    {Operation::kInitWeightTransfer, "POST", "/init_weight_transfer_engine", true, true,
-     Body::kRequired, "init_weight_transfer_engine", "collective_rpc", "init",
-     "Weight transfer initialized", "weights init",
-     "initialize the weight transfer engine on every worker (body: {\"init_info\": {...}})"},
-    {Operation::kStartWeightUpdate, "POST", "/start_weight_update", true, true, Body::kNone,
-     "start_weight_update", "collective_rpc", "start", "Weight update started", "weights start",
-     "open a weight-update session"},
-    {Operation::kStartDraftWeightUpdate, "POST", "/start_draft_weight_update", true, true,
-     Body::kNone, "start_draft_weight_update", "collective_rpc", "start_draft",
-     "Draft weight update started", "weights start --draft",
-     "open a weight-update session for the draft model"},
-    {Operation::kUpdateWeights, "POST", "/update_weights", true, true, Body::kRequired,
-     "update_weights", "collective_rpc", "update", "Weights updated", "weights update",
-     "receive one chunk of weights (body: {\"update_info\": {...} | [{...}, ...]})"},
-    {Operation::kFinishWeightUpdate, "POST", "/finish_weight_update", true, true, Body::kOptional,
-     "finish_weight_update", "collective_rpc", "finish", "Weight update finished", "weights finish",
-     "close the session; commit {\"weight_version\": ...} only on success"},
-    {Operation::kUpdateWeightVersion, "POST", "/update_weight_version", true, true, Body::kRequired,
-     "", "set_weight_version", "set_version", "", "weights set-version",
-     "set the weight version label (body: {\"new_version\": ...})"},
-    {Operation::kWeightInfo, "GET", "/weight_info", true, false, Body::kNone, "",
-     "get_weight_version", "", "", "weights info", "the current weight version"},
-    {Operation::kWorldSize, "GET", "/get_world_size", true, false, Body::kNone, "", "", "", "",
-     "world-size", "inference world size (TP x PP, times DP unless include_dp=false)"},
-    {Operation::kPause, "POST", "/pause", true, false, Body::kNone, "", "pause_scheduler", "", "",
-     "pause", "pause generation (query: mode=abort|wait|keep, clear_cache=true|false)"},
-    {Operation::kResume, "POST", "/resume", true, false, Body::kNone, "", "resume_scheduler", "",
-     "", "resume", "resume generation"},
-    {Operation::kIsPaused, "GET", "/is_paused", true, false, Body::kNone, "", "is_scheduler_paused",
-     "", "", "status", "whether generation is paused"},
-    {Operation::kHealth, "GET", "/health", false, false, Body::kNone, "", "", "", "", "health",
-     "200 when every engine is attached and alive, else 503"},
-    {Operation::kVersion, "GET", "/version", false, false, Body::kNone, "", "", "", "", "",
-     "vllmd version (and the engines' vLLM version)"},
-    {Operation::kMetrics, "GET", "/metrics", false, false, Body::kNone, "", "", "", "", "",
-     "Prometheus metrics"},
-    // vllmd's own: what ExecReload= runs (through vllmctl), answering once the reload is done.
-    {Operation::kReload, "POST", "/reload", false, false, Body::kNone, "", "", "", "", "reload",
-     "reload vllmd's configuration as SIGHUP does; fails (78) and changes nothing when invalid"},
-    // vllmd's own: the weight-update session it knows of (vllmctl status shows it).
-    {Operation::kSessionStatus, "GET", "/weight_update_session", true, false, Body::kNone, "", "",
-     "", "", "", "the open weight-update session: owned or anonymous, age, updates"},
-}};
+// Which of vllmd's known state the route's engine call changes (uncertain until it succeeds).
+enum class Changes { kNothing, kVersion, kPaused };
 
+// How vllmctl turns a route's arguments into the request (see cmd/vllmctl/route_command).
+enum class ArgKind {
+  kBodyFile,    // FILE ('-': stdin) holding the body member's JSON; repeatable: one call each
+  kBodyString,  // a string body member
+  kQuery,       // a query parameter
+  kQueryFlag,   // a flag that sets a query parameter to `value`
+};
+
+struct CliArg {
+  std::string_view name = {};  // "--info", "--version", or a positional name ("V")
+  ArgKind kind = ArgKind::kQuery;
+  std::string_view key = {};    // the body member or query parameter
+  std::string_view value = {};  // kQueryFlag: the value set; kQuery: allowed values, '|'-separated
+  std::string_view value_name = {};  // in help: FILE, V, MODE
+  std::string_view help = {};
+  std::string_view detail = {};  // shown after the success text: "{}" replaced by the value
+  bool required = false;
+  bool repeatable = false;
+};
+
+// vllmctl's side of a route.
+struct Cli {
+  // "weights init"; empty: no command of its own. "weights start --draft": a flag of the
+  // command "weights start" that sends this route instead.
+  std::string_view command = {};
+  // The success line: "{member}" replaced by the reply's member; empty: the server's
+  // "message", lowercased.
+  std::string_view success = {};
+  std::string_view empty_reply = "{}";  // -o json's document when the reply has no body
+  std::span<const CliArg> args = {};
+};
+
+class WeightSyncService;
+// The service function that answers a route (common/api/service.hpp).
+using Handler = void (WeightSyncService::*)(const CallPtr& call, Done done);
+
+struct Route {
+  Operation operation = {};
+  std::string_view method = "GET";
+  std::string_view path = {};
+  Handling handling = Handling::kLocal;
+  Handler handler = nullptr;
+  bool dev_only = true;      // 404 unless dev mode is on
+  bool open_to_all = false;  // no API key, no allowlist (/health)
+  bool blocking = false;     // may wait (on files): served off the event loop
+  Body body = Body::kNone;
+  std::string_view member = {};  // the body member validated and passed on, or empty
+  Member member_kind = Member::kNone;
+  std::string_view engine_method = {};  // engine-core UTILITY method, or empty (no engine call)
+  std::string_view worker_method = {};  // collective_rpc worker method, or empty
+  std::string_view metric = {};         // label in the operation-duration histogram, or empty
+  Changes changes = Changes::kNothing;
+  std::string_view success_message = {};  // {"message": ...} routes
+  std::string_view summary = {};          // one line for help and docs
+  Cli cli = {};
+};
+
+std::span<const Route> routes();
 // The route for a path whatever its method, or nullptr.
 const Route* find_route(std::string_view path);
 const Route& route_for(Operation operation);
+// Its index in routes(), for per-route counters.
+std::size_t route_index(const Route& route);
 
 }  // namespace vllmd::api

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "common/api/request.hpp"
+#include "common/api/table.hpp"
 #include "common/wire/msgpack_to_json.hpp"
 
 using namespace vllmd::api;
@@ -24,6 +25,24 @@ vllmd::wire::Transcoded body(std::string_view json) {
 
 std::string json_of(std::string_view msgpack) {
   return vllmd::wire::msgpack_to_json(msgpack).value();
+}
+
+// A route's body member, as the service checks it before anything reaches an engine.
+tl::expected<MemberValue, ApiError> member(Operation operation,
+                                           const vllmd::wire::Transcoded& document) {
+  return member_value(route_for(operation), document);
+}
+auto init_info(const vllmd::wire::Transcoded& document) {
+  return member(Operation::kInitWeightTransfer, document).map([](auto m) { return m.value; });
+}
+auto update_info(const vllmd::wire::Transcoded& document) {
+  return member(Operation::kUpdateWeights, document).map([](auto m) { return m.value; });
+}
+auto finish_version(const vllmd::wire::Transcoded& document) {
+  return member(Operation::kFinishWeightUpdate, document).map([](auto m) { return m.text; });
+}
+auto new_version(const vllmd::wire::Transcoded& document) {
+  return member(Operation::kUpdateWeightVersion, document).map([](auto m) { return m.text; });
 }
 
 }  // namespace
@@ -82,6 +101,8 @@ TEST_CASE("versions: finish's optional weight_version, update_weight_version's n
   CHECK(bad.error().param == "weight_version");
 
   CHECK(new_version(body(R"({"new_version":"v2"})")).value() == "v2");
+  // As vLLM words it: the route's name, not the member's.
+  CHECK(new_version(body("{}")).error().message == "Invalid 'update_weight_version' request body");
   for (const char* invalid : {"{}", R"({"new_version":7})", R"({"new_version":null})"}) {
     CAPTURE(invalid);
     auto error = new_version(body(invalid));

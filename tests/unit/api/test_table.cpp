@@ -7,7 +7,7 @@
 using namespace vllmd::api;
 
 TEST_CASE("the API table: unique paths, dev gating, the always-on routes") {
-  for (const Route& route : kRoutes) {
+  for (const Route& route : routes()) {
     CAPTURE(route.path);
     CHECK(find_route(route.path) == &route);
     CHECK(&route_for(route.operation) == &route);
