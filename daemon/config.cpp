@@ -88,7 +88,7 @@ std::optional<std::string> non_negative(double value) {
   return std::nullopt;
 }
 
-// The settings table. Flags and variables are part of the interface (product.md).
+// The settings table. Flags and variables are part of the interface (docs/product.md §3.3).
 const std::vector<Setting>& settings() {
   static const std::vector<Setting> table = {
       {"server.host", "--host", "VLLMD_HOST", Kind::kString, "address to listen on",

@@ -1,7 +1,7 @@
 #pragma once
-// vllmd's configuration: defaults < TOML file < environment < flags (product.md). Every
-// setting is one row of a table that gives its TOML key, flag and environment variable, so
-// the three sources, --print-config and the man page cannot drift apart.
+// vllmd's configuration: defaults < TOML file < environment < flags (docs/product.md §3.2).
+// Every setting is one row of a table that gives its TOML key, flag and environment variable,
+// so the three sources, --print-config and the man page cannot drift apart.
 
 #include <cstdint>
 #include <optional>

@@ -1,6 +1,6 @@
 #pragma once
 // The error model shared by vllmd and vllmctl: every failure is an HTTP status plus an
-// OpenAI-shaped JSON body (http-api.md section 4), and maps to one vllmctl exit code.
+// OpenAI-shaped JSON body (docs/http-api.md §4), and maps to one vllmctl exit code.
 
 #include <optional>
 #include <string>
@@ -43,7 +43,7 @@ ApiError http_version_not_supported(std::string message);  // 505
 // The error for one of the statuses above (or 413), as the HTTP parser reports them.
 ApiError http_error(int status, std::string message);
 
-// vllmctl exit codes (product.md): part of the CLI's interface.
+// vllmctl exit codes (docs/product.md §4.5): part of the CLI's interface.
 namespace exit_code {
 inline constexpr int kOk = 0;
 inline constexpr int kUsage = 64;

@@ -84,7 +84,8 @@ inline std::string_view view(const zmq::message_t& message) {
 }
 
 // Utility outputs no call asked for: elastic EP notifications (-1) and fault-tolerance
-// status (-2) (wire-audit.md section 3). They are not replies and must never be taken for one.
+// status (-2) (docs/engine-protocol.md §4.4). They are not replies and must never be taken for
+// one.
 bool is_unsolicited(const wire::CallId& call_id);
 
 // Which of the two monitored sockets a connection event is about.

@@ -1,7 +1,7 @@
 #pragma once
 // The engine-side semantics of weight synchronization, as vLLM's EngineCore and its workers
-// implement them (engine-protocol.md section 5), without any sockets: a UTILITY method name and
-// its msgpack args in, a msgpack value or a failure message out. ReferenceEngine puts this
+// implement them (docs/engine-protocol.md §5.3), without any sockets: a UTILITY method name
+// and its msgpack args in, a msgpack value or a failure message out. ReferenceEngine puts this
 // behind the wire protocol; unit tests drive it directly.
 
 #include <cstdint>

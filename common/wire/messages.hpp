@@ -1,8 +1,8 @@
 #pragma once
-// The engine-core wire protocol (engine-protocol.md): handshake maps, the registration frame,
-// UTILITY requests and EngineCoreOutputs replies. Encoders write minimal-width msgpack so the
-// bytes match the spec's test vectors; decoders accept what vLLM's engines send and nothing
-// that could crash us.
+// The engine-core wire protocol (docs/engine-protocol.md): handshake maps, the registration
+// frame, UTILITY requests and EngineCoreOutputs replies. Encoders write minimal-width msgpack so
+// the bytes match the test vectors of docs/engine-protocol.md §7; decoders accept what vLLM's
+// engines send and nothing that could crash us.
 
 #include <cstdint>
 #include <optional>

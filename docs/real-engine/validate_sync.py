@@ -57,7 +57,7 @@ PROMPTS = (
     "The future of AI is",
 )
 
-# Exact 200 bodies of the lifecycle routes (shared/spec/http-api.md §2, and vLLM's
+# Exact 200 bodies of the lifecycle routes (docs/http-api.md §2.1, and vLLM's
 # vllm/entrypoints/serve/dev/rlhf/api_router.py).
 LIFECYCLE_BODIES = {
     "/init_weight_transfer_engine": {"message": "Weight transfer initialized"},

@@ -1,4 +1,4 @@
-// Fuzz target: a JSON request body -> validation (http-api.md section 3) -> msgpack.
+// Fuzz target: a JSON request body -> validation (docs/http-api.md §3) -> msgpack.
 // Properties checked (a violation traps): what the transcoder accepts, msgpack_to_json turns
 // back into JSON; a validated update_info value decodes and re-encodes to the same bytes.
 #include <cstddef>

@@ -16,7 +16,7 @@ weight-synchronization routes only, in the same style:
   vLLM's `AsyncMPClient`.
 
 So that a benchmark compares like with like, the HTTP contract is vllmd's (see
-/work/shared/spec/http-api.md and common/api/ in this repository): the same routes, UTILITY
+docs/http-api.md and common/api/ in this repository): the same routes, UTILITY
 methods and args, validation rules (400 before anything reaches an engine), error shape
 ({"error": {message, type, param, code}}), status codes (500 engine failure, 503 engine
 unavailable, 504 timeout), lifecycle serialization and "commit the version only after a
@@ -116,7 +116,7 @@ def seconds_text(seconds):
 
 
 # ---------------------------------------------------------------------------------------------
-# Engine client: the frontend side of the engine-core protocol (engine-protocol.md), asyncio.
+# Engine client: the frontend side of the engine-core protocol (docs/engine-protocol.md), asyncio.
 # ---------------------------------------------------------------------------------------------
 
 UTILITY = b"\x03"

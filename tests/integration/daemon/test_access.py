@@ -1,8 +1,8 @@
-"""Access control (product.md "Security"): the source-address allowlist (server.allowlist)
-and API keys protect every route but /health; a peer outside the allowlist gets 403, a
-missing or wrong token 401, and neither reaches the engine. The allowlist is reloadable.
-Dev mode on a non-loopback address with neither keys nor an allowlist is refused at start
-(78, naming server.host) unless --insecure-dev-mode is given.
+"""Access control (docs/product.md §6, docs/http-api.md §1.2 and §1.3): the source-address
+allowlist (server.allowlist) and API keys protect every route but /health; a peer outside the
+allowlist gets 403, a missing or wrong token 401, and neither reaches the engine. The allowlist
+is reloadable. Dev mode on a non-loopback address with neither keys nor an allowlist is refused
+at start (78, naming server.host) unless --insecure-dev-mode is given.
 
 Traffic only ever goes to loopback: a daemon bound to 0.0.0.0 is reached via 127.0.0.1 and
 stopped right away."""

@@ -1,4 +1,4 @@
-"""Concurrency semantics (http-api.md section 5): weight-sync lifecycle calls are serialized
+"""Concurrency semantics (docs/http-api.md §5.2, §5.3): weight-sync lifecycle calls are serialized
 across clients, while read-only routes are never blocked by a long-running update."""
 
 import threading

@@ -1,4 +1,4 @@
-"""vllmd's command line and configuration file (product.md): a bad config exits 78 with one
+"""vllmd's command line and configuration file (docs/product.md §3): a bad config exits 78 with one
 line naming the key, --print-config shows what was given, --version exits 0, a bad flag 64."""
 
 import os

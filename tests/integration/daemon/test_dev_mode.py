@@ -1,4 +1,4 @@
-"""Dev-mode gating (http-api.md section 1): without dev mode every weight-sync route answers
+"""Dev-mode gating (docs/http-api.md §1.1): without dev mode every weight-sync route answers
 404 exactly like an unknown path and never reaches the engine; /health and /version always
 answer. VLLM_SERVER_DEV_MODE turns it on when set to a non-zero integer, as vLLM reads it."""
 

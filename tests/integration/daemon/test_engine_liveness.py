@@ -1,5 +1,5 @@
-"""Engine liveness through vllmd (wire-audit.md D1, D7 and section 5): a TCP prober on the
-handshake port never locks an engine out, a READY after engine.startup_timeout is still
+"""Engine liveness through vllmd (docs/engine-protocol.md §2.3, §8.3, §8.4 and §8.6): a TCP prober
+on the handshake port never locks an engine out, a READY after engine.startup_timeout is still
 admitted, a cut input connection is restored by ZeroMQ's reconnect without an engine restart,
 and the liveness probe reports a stopped engine (and never runs while a call is in flight)."""
 

@@ -1,7 +1,8 @@
-"""Engine failures through vllmd (http-api.md sections 4 and 5, engine-protocol.md section 6):
-a failed finish never commits the version, a failed set_weight_version is told apart, DP=2
-fans every call out and names the failing rank, and an engine killed mid-update is noticed at
-once (503), reported by /health, and replaced by a restarted engine of the same rank."""
+"""Engine failures through vllmd (docs/http-api.md §4.3, §5.1 and §8.1; docs/engine-protocol.md
+§6.1, §8.2 and §8.5): a failed finish never commits the version, a failed set_weight_version
+is told apart, DP=2 fans every call out and names the failing rank, and an engine killed
+mid-update is noticed at once (503), reported by /health, and replaced by a restarted engine
+of the same rank."""
 
 import sys
 import threading

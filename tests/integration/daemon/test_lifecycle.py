@@ -1,6 +1,6 @@
 """A trainer's whole weight-sync lifecycle through vllmd in external mode, against a real
-reference-engine process: exact HTTP bodies (http-api.md section 2) and exact wire args as the
-engine received them (engine-protocol.md section 5), with payloads passed through unchanged."""
+reference-engine process: exact HTTP bodies (docs/http-api.md §2.1) and exact wire args as the
+engine received them (docs/engine-protocol.md §5.1), with payloads passed through unchanged."""
 
 import subprocess
 import unittest
@@ -144,7 +144,7 @@ class LifecycleTest(harness.DaemonTestCase):
         self.assertIn("cf" + "ff" * 8, calls[0]["args_hex"])
         self.assertIn("d38000000000000000", calls[0]["args_hex"])
         self.assertIn("cb3fb999999999999a", calls[0]["args_hex"])
-        # The test vectors of engine-protocol.md section 7, byte for byte.
+        # The test vectors of docs/engine-protocol.md §7.1, byte for byte.
         self.assertEqual(calls[1]["args_hex"],
                          "94b373746172745f7765696768745f757064617465c09080")
         self.assertEqual(calls[7]["args_hex"], "91a6737465702d31")

@@ -1,4 +1,4 @@
-"""Coordinated (MoE) data parallelism across hosts (wire-audit.md D2): with
+"""Coordinated (MoE) data parallelism across hosts (docs/engine-protocol.md §6.3): with
 engine.data_parallel_master, the INIT vllmd sends every engine names one DP master, so ranks
 started by separate launchers on separate hosts form one DP group; without it every rank picks
 its own master ports, as a headless `vllm serve` does, and the group never forms.

@@ -1,4 +1,4 @@
-"""Request validation (http-api.md section 3): every invalid request gets 400 in the OpenAI
+"""Request validation (docs/http-api.md §3): every invalid request gets 400 in the OpenAI
 error shape with the right param and code, and never reaches the engine (its --record file
 stays empty). Plus: a body on /start_weight_update is ignored, a wrong method is 405 and an
 unknown path 404, both with JSON error bodies."""

@@ -244,7 +244,7 @@ def call_names(calls):
 
 
 def rpc(worker_method, kwargs=None):
-    """The collective_rpc args vllmd must send (engine-protocol.md section 5)."""
+    """The collective_rpc args vllmd must send (docs/engine-protocol.md §5.1)."""
     return ("collective_rpc", [worker_method, None, [], kwargs if kwargs is not None else {}])
 
 

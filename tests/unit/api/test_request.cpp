@@ -1,4 +1,4 @@
-// Request validation (common/api/request.*): the 400s of http-api.md section 3, and the byte
+// Request validation (common/api/request.*): the 400s of docs/http-api.md §3, and the byte
 // ranges handed to the engine unchanged.
 
 #include <doctest/doctest.h>

@@ -1,5 +1,5 @@
 // Engine-core wire messages (common/wire/messages.*): the byte-level test vectors of
-// engine-protocol.md section 7 in both directions, then the decoder's tolerance and robustness.
+// docs/engine-protocol.md §7 in both directions, then the decoder's tolerance and robustness.
 
 #include <doctest/doctest.h>
 
