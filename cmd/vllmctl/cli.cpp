@@ -1,4 +1,4 @@
-// vllmctl's command line (product.md): the CLI11 definition and dispatch. Command names,
+// vllmctl's command line (docs/product.md §4): the CLI11 definition and dispatch. Command names,
 // methods and paths come from the API table, so help and routes cannot drift apart.
 
 #include "cmd/vllmctl/cli.hpp"

@@ -1,5 +1,5 @@
 #pragma once
-// vllmctl's commands. Each returns the process exit code (product.md): 0 only on success.
+// vllmctl's commands. Each returns the process exit code (docs/product.md §4.5): 0 only on success.
 // The routes' own commands come from the API table (route_commands.hpp); these are the ones
 // that combine routes.
 

@@ -44,7 +44,7 @@ class Context {
   }
 
   // Sends the route's method and path (from api::kRoutes). A 2xx reply is a value; any
-  // other status, and any transport error, is a Failure with its exit code (product.md).
+  // other status, and any transport error, is a Failure with its exit code (docs/product.md §4.5).
   tl::expected<http::Reply, Failure> call(const Call& call) const;
 
  private:

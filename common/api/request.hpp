@@ -1,5 +1,5 @@
 #pragma once
-// Request validation (http-api.md section 3): everything is checked here, before anything
+// Request validation (docs/http-api.md §3): everything is checked here, before anything
 // reaches an engine. JSON bodies are transcoded to msgpack once; the validated values are
 // byte ranges of that msgpack, passed through to the engine unchanged.
 
@@ -33,7 +33,7 @@ tl::expected<MemberValue, ApiError> member_value(const Route& route, const wire:
 
 // A call's body, as its route takes it (Route::body, member, member_kind): transcoded into
 // call.document (the raw body released), the member's bytes into call.value, a string member
-// into call.text. The 400s of docs/http-api.md.
+// into call.text. The 400s of docs/http-api.md §3.
 tl::expected<void, ApiError> validate_body(Call& call);
 
 // Query parameters. Booleans accept what FastAPI accepts: true/false, 1/0, yes/no, on/off.

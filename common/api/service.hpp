@@ -1,6 +1,6 @@
 #pragma once
 // The weight-sync service: one call in, one response out, with the engine calls in between
-// (http-api.md section 5). The API table says how each route is served and names its handler
+// (docs/http-api.md §5). The API table says how each route is served and names its handler
 // here. It knows nothing of sockets or HTTP servers, so the daemon, the tests and the
 // benchmarks drive the same code.
 
