@@ -1,6 +1,6 @@
 # Installation and the Debian package: `cpack -G DEB` in the build directory produces
 # vllmd_<version>_<arch>.deb with the three binaries, the man pages, the systemd unit, the
-# bash completion and the example configuration (a conffile: upgrades keep local edits).
+# shell completion and the example configuration (a conffile: upgrades keep local edits).
 # tests/integration/packaging/test_deb.py builds it and installs it into a scratch root.
 
 include(GNUInstallDirs)
@@ -28,8 +28,13 @@ add_custom_target(man_pages ALL DEPENDS ${compressed_pages})
 
 # /usr/lib/systemd/system: the same directory as /lib/systemd/system on Debian 12's merged /usr.
 install(FILES daemon/vllmd.service DESTINATION lib/systemd/system)
-install(FILES cmd/vllmctl/vllmctl.bash-completion
+# Shell completion, generated from vllmctl's command line (cmd/vllmctl/CMakeLists.txt).
+install(FILES ${CMAKE_BINARY_DIR}/completion/vllmctl.bash
   DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions RENAME vllmctl)
+install(FILES ${CMAKE_BINARY_DIR}/completion/vllmctl.zsh
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/zsh/vendor-completions RENAME _vllmctl)
+install(FILES ${CMAKE_BINARY_DIR}/completion/vllmctl.fish
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/fish/vendor_completions.d)
 # vllmd reads /etc/vllmd/vllmd.toml whatever the prefix: an absolute destination.
 install(FILES daemon/vllmd.toml DESTINATION /etc/vllmd)
 

@@ -584,6 +584,8 @@ tl::expected<Invocation, LoadError> load(int argc, const char* const* argv) {
                "print the effective configuration and exit");
   app.add_flag("--check-config", invocation.check_config,
                "validate the configuration and exit (78 when bad)");
+  app.add_flag("--print-routes", invocation.print_routes,
+               "print the routes vllmd serves (method, path, when, summary) and exit");
   app.add_flag("--version", invocation.version, "print the version and exit");
 
   // One slot per setting flag: boolean flags switch their setting on; --allow repeats.

@@ -68,6 +68,7 @@ struct Invocation {
   Config config;
   bool print_config = false;
   bool check_config = false;
+  bool print_routes = false;
   bool version = false;
   bool help = false;
   std::string help_text;

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "common/api/errors.hpp"
+#include "common/api/table.hpp"
 #include "common/util/cidr.hpp"
 #include "common/util/executor.hpp"
 #include "common/util/log.hpp"
@@ -135,6 +136,15 @@ std::optional<std::string> reload(int argc, const char* const* argv, const Confi
   return std::nullopt;
 }
 
+// One line per route of the API table: method, path, "dev" (dev mode only) or "always",
+// and its summary, tab-separated.
+void print_routes() {
+  for (const api::Route& route : api::routes()) {
+    std::cout << route.method << "\t" << route.path << "\t" << (route.dev_only ? "dev" : "always")
+              << "\t" << route.summary << "\n";
+  }
+}
+
 api::Response render_metrics(const Metrics& metrics, Engines& engines, const HttpServer& server,
                              const util::Executor& executor) {
   const http::ServerStats stats = server.stats();
@@ -161,6 +171,10 @@ int run(int argc, const char* const* argv) {
   }
   if (invocation->help) {
     std::cout << invocation->help_text;
+    return 0;
+  }
+  if (invocation->print_routes) {
+    print_routes();
     return 0;
   }
   if (invocation->version) {

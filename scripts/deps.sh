@@ -8,6 +8,8 @@ packages=(
   libcli11-dev libpoco-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libboost-dev
   doctest-dev libtomlplusplus-dev libsystemd-dev libexpected-dev libssl-dev
   python3 python3-zmq python3-msgpack python3-requests
+  # The completion tests run the generated scripts in each shell.
+  zsh fish
   curl
   # HTTPS tests make their certificates.
   openssl
@@ -16,6 +18,8 @@ packages=(
   # Man pages (mandoc -T lint) and the Debian package test: cpack's dpkg-shlibdeps, man -w,
   # systemd-analyze verify.
   mandoc dpkg-dev man-db systemd
+  # The house style, enforced by .ci/run (scripts/format.sh --check, scripts/tidy.sh).
+  clang-format-14 clang-tidy-14
   # The libFuzzer targets in tests/fuzz (.ci/run's bounded fuzz step, -DVLLMD_FUZZ=ON).
   clang-14 libclang-rt-14-dev lld-14
   # Benchmarks (tests/bench): the simdjson floor, the FastAPI + uvicorn baseline, wrk load.

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cmd/vllmctl/commands.hpp"
-#include "cmd/vllmctl/completion_script.hpp"
+#include "cmd/vllmctl/completion.hpp"
 #include "cmd/vllmctl/route_commands.hpp"
 #include "cmd/vllmctl/settings.hpp"
 #include "common/api/errors.hpp"
@@ -82,7 +82,9 @@ void define_global_flags(CLI::App& app, GlobalFlags& flags) {
       ->check(CLI::Range(0.001, 1e6))
       ->capture_default_str();
   app.add_option("-o,--output", flags.output, "text|json (json: the server's JSON bodies)")
-      ->type_name("FORMAT")
+      // Checked after parsing (a bad format is bad configuration: 78), so the values are
+      // named here, as a check would name them, for help and completion.
+      ->type_name("FORMAT:{text,json}")
       ->capture_default_str();
   app.add_option("--session", flags.session,
                  "weight-update session id sent as Vllmd-Session: a session spread over several "
@@ -130,12 +132,12 @@ void define_commands(CLI::App& app, Args& args, Commands& commands) {
       status);
 
   commands.completion = app.add_subcommand("completion", "print a shell completion script");
-  commands.completion->add_option("shell", args.shell, "bash")
+  commands.completion->add_option("shell", args.shell, "bash, zsh or fish")
       ->required()
-      ->check(CLI::IsMember({"bash"}));
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kShells), std::end(kShells))));
 }
 
-int dispatch(const Args& args, const Commands& commands) {
+int dispatch(const CLI::App& app, const Args& args, const Commands& commands) {
   auto format = parse_format(args.flags.output);
   if (!format) {
     Output(Format::kText, false, false).error("", format.error());
@@ -143,8 +145,9 @@ int dispatch(const Args& args, const Commands& commands) {
   }
   const Output output(*format, args.flags.quiet, args.flags.verbose);
   if (commands.completion->parsed()) {
-    // The script whatever -o says (it is no server reply); the file ends with its newline.
-    const std::string_view script = kBashCompletion.substr(0, kBashCompletion.size() - 1);
+    // The script whatever -o says (it is no server reply); result() adds the last newline.
+    std::string script = completion_script(app, args.shell);
+    script.pop_back();
     output.result(script, script);
     return exit_code::kOk;
   }
@@ -182,7 +185,7 @@ int run(int argc, const char* const* argv) {
     return error.get_exit_code() == 0 ? exit_code::kOk : exit_code::kUsage;
   }
   try {
-    return dispatch(args, commands);
+    return dispatch(app, args, commands);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "vllmctl: internal error: %s\n", error.what());
     return exit_code::kEngineFailed;  // never 0 on an error

@@ -15,6 +15,8 @@ import tempfile
 import tomllib
 import unittest
 
+from cli_help import help_blocks
+
 SECTIONS = ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "EXIT STATUS", "ENVIRONMENT",
             "FILES", "EXAMPLES", "SEE ALSO"]
 PAGES = ["vllmctl.1", "vllmd.8", "vllmd.toml.5"]
@@ -25,7 +27,7 @@ RELOADABLE = {"server.max_body_bytes", "server.api_keys", "server.api_key_file",
 
 # vllmd's flags that are not settings.
 VLLMD_COMMAND_FLAGS = {"-h", "--help", "--config", "--print-config", "--check-config",
-                       "--version"}
+                       "--print-routes", "--version"}
 
 
 def required_env(variable):
@@ -80,28 +82,6 @@ def flat(lines):
 def has_word(text, word):
     """Whether `word` (a flag, a name) appears in `text` as a whole token."""
     return re.search(r"(?<![\w-])" + re.escape(word) + r"(?![\w-])", text) is not None
-
-
-def help_blocks(text):
-    """CLI11's help as {heading: [entry names]} for Options, Positionals and Subcommands,
-    plus the vllmctl footer's "Exit codes" and "Environment"."""
-    blocks = {}
-    heading = None
-    for line in text.splitlines():
-        match = re.fullmatch(r"(Options|Positionals|Subcommands|Exit codes|Environment):", line)
-        if match:
-            heading = match.group(1)
-            blocks[heading] = []
-            continue
-        if not line.strip():
-            heading = None
-            continue
-        # An entry: two spaces, its name, then type/default/description. Continuation lines
-        # (descriptions wrapped under a long option) are indented further.
-        entry = re.match(r"  (\S+)", line)
-        if heading is not None and entry and not line.startswith("   "):
-            blocks[heading].append(entry.group(1))
-    return blocks
 
 
 def tag_lines(lines):
@@ -388,6 +368,32 @@ class ManPageTest(unittest.TestCase):
                 self.assertEqual(after[key], value, f"{flag} {text} did not set {key}")
         # Every setting flag of `vllmd --help` belongs to a documented key.
         self.assertEqual(claimed_flags, set(self.vllmd_flags()) - VLLMD_COMMAND_FLAGS)
+
+    def test_the_routes_list_is_the_api_table(self):
+        # vllmd(8)'s Routes list is the API table (vllmd --print-routes): every route, under
+        # "Dev mode only" or "Always" as the table gates it, and nothing else.
+        result = run([self.vllmd, "--print-routes"], env=self.env)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        table = set()
+        for line in result.stdout.splitlines():
+            method, path, when, summary = line.split("\t")
+            self.assertIn(when, ("dev", "always"), line)
+            self.assertTrue(summary, line)
+            table.add((when, f"{method} {path}"))
+        lines = self.section("vllmd.8", "DESCRIPTION")
+        start = lines.index("   Routes")
+        listed = set()
+        when = None
+        for line in lines[start + 1:]:
+            if re.match(r" {3}\S", line):
+                break  # the next subsection
+            if re.fullmatch(r" {7}Dev mode only:", line):
+                when = "dev"
+            elif re.fullmatch(r" {7}Always:", line):
+                when = "always"
+            elif match := re.match(r" {7}(GET|POST) (/\S+)(\s|$)", line):
+                listed.add((when, f"{match.group(1)} {match.group(2)}"))
+        self.assertEqual(listed, table)
 
 
 if __name__ == "__main__":

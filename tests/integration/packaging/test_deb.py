@@ -24,10 +24,15 @@ import unittest
 FILES = {
     "etc/vllmd/vllmd.toml": "daemon/vllmd.toml",
     "usr/lib/systemd/system/vllmd.service": "daemon/vllmd.service",
-    "usr/share/bash-completion/completions/vllmctl": "cmd/vllmctl/vllmctl.bash-completion",
     "usr/share/man/man1/vllmctl.1.gz": "man/vllmctl.1",
     "usr/share/man/man5/vllmd.toml.5.gz": "man/vllmd.toml.5",
     "usr/share/man/man8/vllmd.8.gz": "man/vllmd.8",
+}
+# Shell completion: what the packaged vllmctl prints for each shell.
+COMPLETIONS = {
+    "usr/share/bash-completion/completions/vllmctl": "bash",
+    "usr/share/zsh/vendor-completions/_vllmctl": "zsh",
+    "usr/share/fish/vendor_completions.d/vllmctl.fish": "fish",
 }
 BINARIES = ["vllmd", "vllmctl", "vllm-ref-engine"]
 CONFFILE = "/etc/vllmd/vllmd.toml"
@@ -162,11 +167,11 @@ class DebPackageTest(unittest.TestCase):
             self.assertEqual(owner, "root/root", line)
             if mode.startswith("-"):
                 files[name.removeprefix("./")] = mode
-        expected = set(FILES) | {f"usr/bin/{binary}" for binary in BINARIES}
+        expected = set(FILES) | set(COMPLETIONS) | {f"usr/bin/{binary}" for binary in BINARIES}
         self.assertEqual(set(files), expected)
         for binary in BINARIES:
             self.assertEqual(files[f"usr/bin/{binary}"], "-rwxr-xr-x")
-        for name in FILES:
+        for name in set(FILES) | set(COMPLETIONS):
             self.assertEqual(files[name], "-rw-r--r--", name)
 
     # --- installed into the scratch root ------------------------------------------------
@@ -191,6 +196,15 @@ class DebPackageTest(unittest.TestCase):
                     content = handle.read()
                 with open(os.path.join(self.source_dir, source), "rb") as handle:
                     self.assertEqual(content, handle.read())
+
+    def test_installed_completion_is_what_vllmctl_prints(self):
+        for installed, shell in COMPLETIONS.items():
+            with self.subTest(installed):
+                printed = run([self.path("usr/bin/vllmctl"), "completion", shell],
+                              env=system_env())
+                self.assertEqual(printed.returncode, 0, printed.stderr)
+                with open(self.path(installed), encoding="utf-8") as handle:
+                    self.assertEqual(handle.read(), printed.stdout)
 
     def test_installed_binaries_run_on_the_system_libraries(self):
         for binary in BINARIES:

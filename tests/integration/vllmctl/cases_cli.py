@@ -1,14 +1,14 @@
 """The command line itself: help, usage errors (64), bad client configuration (78), an
-unreachable daemon (69), and the bash completion script."""
+unreachable daemon (69), and the shell completion generated from it (bash, zsh, fish), checked
+against what --help lists."""
 
 import os
+import shutil
 import subprocess
 
+from cli_help import flag_names, help_blocks
 from ctl_harness import CtlTestCase
 from harness import free_port
-
-COMPLETION_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
-                               "cmd", "vllmctl", "vllmctl.bash-completion")
 
 
 class HelpTest(CtlTestCase):
@@ -45,7 +45,7 @@ class UsageTest(CtlTestCase):
             ["--timeout", "soon", "health"],
             ["--timeout", "-1", "health"],
             ["health", "extra"],
-            ["completion", "zsh"],
+            ["completion", "tcsh"],
         ]
         for args in cases:
             with self.subTest(args=args):
@@ -104,36 +104,99 @@ class UnreachableTest(CtlTestCase):
 
 
 class CompletionTest(CtlTestCase):
-    def test_completion_prints_the_shipped_file(self):
-        result = self.assert_ok(self.ctl("completion", "bash", server=False))
-        with open(COMPLETION_FILE, encoding="utf-8") as handle:
-            self.assertEqual(result.stdout, handle.read())
-        check = subprocess.run(["bash", "-n"], input=result.stdout, text=True,
-                               capture_output=True)
-        self.assertEqual(check.returncode, 0, check.stderr)
+    def script(self, shell):
+        result = self.assert_ok(self.ctl("completion", shell, server=False))
+        return self.write(f"completion.{shell}", result.stdout)
 
-    def complete(self, *words):
+    def help_tree(self):
+        """{command words: (subcommands, flags)} from the --help of vllmctl and every command."""
+        tree = {}
+        pending = [()]
+        while pending:
+            path = pending.pop()
+            blocks = help_blocks(self.assert_ok(self.ctl(*path, "--help", server=False)).stdout)
+            subcommands = blocks.get("Subcommands", [])
+            tree[path] = (subcommands, flag_names(blocks))
+            pending.extend(path + (name,) for name in subcommands)
+        return tree
+
+    def bash_complete(self, *words):
         """COMPREPLY for a command line whose last word is being completed."""
-        script = self.write("completion.bash", self.ctl("completion", "bash", server=False).stdout)
         line = " ".join(f"'{word}'" for word in words)
-        program = (f"source '{script}'; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; "
-                   "_vllmctl; printf '%s\\n' \"${COMPREPLY[@]}\"")
+        program = (f"source '{self.script('bash')}'; COMP_WORDS=({line}); "
+                   f"COMP_CWORD={len(words) - 1}; _vllmctl; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
         result = subprocess.run(["bash", "-c", program], capture_output=True, text=True,
                                 cwd=self.workdir)
         self.assertEqual(result.returncode, 0, result.stderr)
         return sorted(word for word in result.stdout.split("\n") if word)
 
-    def test_completion_completes_commands_and_flags(self):
-        self.assertEqual(self.complete("vllmctl", ""),
-                         sorted(["weights", "world-size", "pause", "resume", "status", "health",
-                                 "reload", "completion"]))
-        self.assertEqual(self.complete("vllmctl", "weights", "s"),
+    def fish_complete(self, line):
+        fish = shutil.which("fish")
+        if fish is None:
+            raise RuntimeError("fish is not installed (scripts/deps.sh installs it)")
+        result = subprocess.run([fish, "--no-config", "-c",
+                                 f"source '{self.script('fish')}'; complete -C '{line}'"],
+                                capture_output=True, text=True, cwd=self.workdir)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return sorted({entry.split("\t")[0] for entry in result.stdout.splitlines() if entry})
+
+    def test_every_shell_gets_a_script_its_parser_accepts(self):
+        for shell, check in (("bash", ["bash", "-n"]), ("zsh", ["zsh", "-n"]),
+                             ("fish", ["fish", "--no-execute"])):
+            with self.subTest(shell):
+                if shutil.which(check[0]) is None:
+                    raise RuntimeError(f"{check[0]} is not installed (scripts/deps.sh)")
+                result = subprocess.run(check + [self.script(shell)], capture_output=True,
+                                        text=True)
+                self.assertEqual(result.returncode, 0, result.stderr)
+
+    def test_bash_completes_every_command_and_flag_help_lists_and_nothing_else(self):
+        tree = self.help_tree()
+        global_flags = set(tree[()][1])
+        for path, (subcommands, flags) in tree.items():
+            with self.subTest(path=" ".join(path)):
+                self.assertTrue(set(subcommands) <= set(self.bash_complete("vllmctl", *path, "")))
+                self.assertEqual(set(self.bash_complete("vllmctl", *path, "-")),
+                                 set(flags) | global_flags)
+
+    def test_fish_completes_every_command_and_flag_help_lists(self):
+        tree = self.help_tree()
+        for path, (subcommands, flags) in tree.items():
+            line = " ".join(("vllmctl",) + path)
+            with self.subTest(path=line):
+                self.assertTrue(set(subcommands) <= set(self.fish_complete(line + " ")))
+                self.assertTrue(set(flags) <= set(self.fish_complete(line + " -")))
+
+    def test_zsh_script_names_every_command_and_flag_under_its_path(self):
+        with open(self.script("zsh"), encoding="utf-8") as handle:
+            arms = {}
+            for line in handle:
+                stripped = line.strip()
+                if stripped.startswith('("') and '")' in stripped:
+                    arms[stripped[2:stripped.index('")')]] = stripped
+        for path, (subcommands, flags) in self.help_tree().items():
+            with self.subTest(path=" ".join(path)):
+                arm = arms[" ".join(path)]
+                for word in subcommands + ([] if not path else flags):
+                    if word in ("-h", "--help"):
+                        continue  # every command's help flag is the global one
+                    self.assertIn(f"'{word}", arm)
+
+    def test_values_complete_as_the_checks_allow(self):
+        self.assertEqual(self.bash_complete("vllmctl", "weights", "s"),
                          ["set-version", "start", "sync"])
-        self.assertEqual(self.complete("vllmctl", "--server", "http://x", "weights", "sync", "--"),
+        self.assertEqual(self.bash_complete("vllmctl", "--server", "http://x", "weights", "sync",
+                                            "--"),
                          sorted(["--init", "--update", "--version", "--no-pause", "--server",
                                  "--token-file", "--cacert", "--session", "--timeout", "--output",
                                  "--quiet", "--verbose", "--help"]))
-        self.assertEqual(self.complete("vllmctl", "pause", "--mode", ""),
+        self.assertEqual(self.bash_complete("vllmctl", "pause", "--mode", ""),
                          ["abort", "keep", "wait"])
-        self.assertEqual(self.complete("vllmctl", "-o", "j"), ["json"])
-        self.assertEqual(self.complete("vllmctl", "completion", ""), ["bash"])
+        self.assertEqual(self.bash_complete("vllmctl", "-o", "j"), ["json"])
+        self.assertEqual(self.bash_complete("vllmctl", "completion", ""), ["bash", "fish", "zsh"])
+        self.assertEqual(self.bash_complete("vllmctl", "weights", "set-version", ""), [])
+        self.write("update-1.json", "{}")
+        self.assertEqual(self.bash_complete("vllmctl", "weights", "update", "--info", "upd"),
+                         ["update-1.json"])
+        self.assertEqual(self.fish_complete("vllmctl pause --mode "), ["abort", "keep", "wait"])
+        self.assertEqual(self.fish_complete("vllmctl weights st"), ["start"])
