@@ -11,7 +11,7 @@ install(TARGETS vllmd vllmctl vllm-ref-engine RUNTIME DESTINATION ${CMAKE_INSTAL
 # output, which then only depends on the page).
 find_program(GZIP_EXECUTABLE gzip REQUIRED)
 set(compressed_pages)
-foreach(page vllmctl.1 vllmd.8 vllmd.toml.5)
+foreach(page vllmctl.1 vllmd.8 vllmd.toml.5 vllm-ref-engine.1)
   set(source ${PROJECT_SOURCE_DIR}/man/${page})
   set(copy ${PROJECT_BINARY_DIR}/man/${page})
   add_custom_command(OUTPUT ${copy}.gz

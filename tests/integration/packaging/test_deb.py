@@ -25,6 +25,7 @@ FILES = {
     "etc/vllmd/vllmd.toml": "daemon/vllmd.toml",
     "usr/lib/systemd/system/vllmd.service": "daemon/vllmd.service",
     "usr/share/bash-completion/completions/vllmctl": "cmd/vllmctl/vllmctl.bash-completion",
+    "usr/share/man/man1/vllm-ref-engine.1.gz": "man/vllm-ref-engine.1",
     "usr/share/man/man1/vllmctl.1.gz": "man/vllmctl.1",
     "usr/share/man/man5/vllmd.toml.5.gz": "man/vllmd.toml.5",
     "usr/share/man/man8/vllmd.8.gz": "man/vllmd.8",
@@ -213,7 +214,8 @@ class DebPackageTest(unittest.TestCase):
     def test_man_finds_the_pages(self):
         man_dir = self.path("usr/share/man")
         for args, page in [(["vllmctl"], "man1/vllmctl.1.gz"), (["8", "vllmd"], "man8/vllmd.8.gz"),
-                           (["5", "vllmd.toml"], "man5/vllmd.toml.5.gz")]:
+                           (["5", "vllmd.toml"], "man5/vllmd.toml.5.gz"),
+                           (["vllm-ref-engine"], "man1/vllm-ref-engine.1.gz")]:
             with self.subTest(page):
                 result = run([tool("man", "man-db"), "-M", man_dir, "-w", *args],
                              env=system_env())
