@@ -25,6 +25,8 @@ FILES = {
     "etc/vllmd/vllmd.toml": "daemon/vllmd.toml",
     "usr/lib/systemd/system/vllmd.service": "daemon/vllmd.service",
     "usr/share/bash-completion/completions/vllmctl": "cmd/vllmctl/vllmctl.bash-completion",
+    "usr/share/doc/vllmd/changelog.gz": "cmake/packaging/changelog",
+    "usr/share/doc/vllmd/copyright": "cmake/packaging/copyright",
     "usr/share/man/man1/vllm-ref-engine.1.gz": "man/vllm-ref-engine.1",
     "usr/share/man/man1/vllmctl.1.gz": "man/vllmctl.1",
     "usr/share/man/man5/vllmd.toml.5.gz": "man/vllmd.toml.5",
