@@ -10,6 +10,16 @@ include(GNUInstallDirs)
 set(VLLMD_PACKAGING_DIR ${PROJECT_SOURCE_DIR}/cmake/packaging)
 
 install(TARGETS vllmd vllmctl vllm-ref-engine RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# Stripped installs (cpack, CPACK_STRIP_FILES; cmake --install --strip) also lose the .comment
+# section (compiler versions) and .note, as dh_strip does; .note.* (the build ID) stays.
+install(CODE "
+  if(CMAKE_INSTALL_DO_STRIP)
+    foreach(binary vllmd vllmctl vllm-ref-engine)
+      execute_process(COMMAND \"${CMAKE_STRIP}\" --remove-section=.comment --remove-section=.note
+        \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/\${binary}\"
+        COMMAND_ERROR_IS_FATAL ANY)
+    endforeach()
+  endif()")
 
 # Man pages and the changelog, compressed as Debian policy asks (gzip -9n: no name or time
 # stamp in the output, which then only depends on the source).
