@@ -2,8 +2,10 @@
 # vllmd_<version>_<arch>.deb with the three binaries, the man pages, the systemd unit, the
 # bash completion, the example configuration (a conffile: upgrades keep local edits), and
 # what Debian policy asks of every package: the copyright file (cmake/packaging/copyright,
-# machine-readable) and the changelog (cmake/packaging/changelog) in /usr/share/doc/vllmd.
-# tests/integration/packaging/test_deb.py builds it and installs it into a scratch root.
+# machine-readable) and the changelog (cmake/packaging/changelog) in /usr/share/doc/vllmd,
+# and the lintian overrides, each with its reason (cmake/packaging/lintian-overrides).
+# tests/integration/packaging/test_deb.py builds it, runs lintian on it and installs it into
+# a scratch root.
 
 include(GNUInstallDirs)
 
@@ -59,6 +61,10 @@ set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${VLLMD_PACKAGING
 vllmd_compressed(${VLLMD_PACKAGING_DIR}/changelog ${PROJECT_BINARY_DIR}/packaging/changelog)
 add_custom_target(changelog ALL DEPENDS ${PROJECT_BINARY_DIR}/packaging/changelog.gz)
 install(FILES ${PROJECT_BINARY_DIR}/packaging/changelog.gz DESTINATION ${CMAKE_INSTALL_DOCDIR})
+
+# The tags lintian reports that are deliberately not fixed, each with its reason.
+install(FILES ${VLLMD_PACKAGING_DIR}/lintian-overrides
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/lintian/overrides RENAME vllmd)
 
 # /usr/lib/systemd/system: the same directory as /lib/systemd/system on Debian 12's merged /usr.
 install(FILES daemon/vllmd.service DESTINATION lib/systemd/system)

@@ -14,8 +14,8 @@ packages=(
   # Engine-link tests cut TCP connections (ss -K) and stand in for hosts (ip netns).
   iproute2
   # Man pages (mandoc -T lint) and the Debian package test: cpack's dpkg-shlibdeps, man -w,
-  # systemd-analyze verify.
-  mandoc dpkg-dev man-db systemd
+  # systemd-analyze verify, lintian on the .deb.
+  mandoc dpkg-dev man-db systemd lintian
   # The libFuzzer targets in tests/fuzz (.ci/run's bounded fuzz step, -DVLLMD_FUZZ=ON).
   clang-14 libclang-rt-14-dev lld-14
   # Benchmarks (tests/bench): the simdjson floor, the FastAPI + uvicorn baseline, wrk load.

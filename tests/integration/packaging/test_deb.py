@@ -1,15 +1,17 @@
 """The Debian package: `cpack -G DEB` (into a temp directory, from the build tree) makes
 vllmd_<version>_<arch>.deb, which `dpkg --root` installs into a scratch root. Checks what
-it holds and declares, that the installed binaries run on the system's libraries, that man
-finds the pages, that the example configuration is a registered conffile and valid, and that
-`systemd-analyze verify` accepts the unit.
+it holds and declares, that lintian finds no error and no warning in it, that the installed
+binaries run on the system's libraries, that man finds the pages, that the example
+configuration is a registered conffile and valid, and that `systemd-analyze verify` accepts
+the unit.
 
 The unit names /usr/bin/vllmd, which is not where the scratch root puts it: verify runs on a
 copy whose Exec lines point into the scratch root, with MANPATH set to the scratch root's man
 pages so that its Documentation= references resolve (verify runs `man` for each).
 
 Environment (set by ctest): CPACK, BUILD_DIR, SOURCE_DIR, VLLMD_BIN. Needs dpkg-dev
-(dpkg-shlibdeps), man-db, systemd (systemd-analyze) and binutils: scripts/deps.sh.
+(dpkg-shlibdeps), man-db, systemd (systemd-analyze), binutils and lintian (the lintian test
+is skipped without it): scripts/deps.sh.
 """
 
 import gzip
@@ -27,6 +29,7 @@ FILES = {
     "usr/share/bash-completion/completions/vllmctl": "cmd/vllmctl/vllmctl.bash-completion",
     "usr/share/doc/vllmd/changelog.gz": "cmake/packaging/changelog",
     "usr/share/doc/vllmd/copyright": "cmake/packaging/copyright",
+    "usr/share/lintian/overrides/vllmd": "cmake/packaging/lintian-overrides",
     "usr/share/man/man1/vllm-ref-engine.1.gz": "man/vllm-ref-engine.1",
     "usr/share/man/man1/vllmctl.1.gz": "man/vllmctl.1",
     "usr/share/man/man5/vllmd.toml.5.gz": "man/vllmd.toml.5",
@@ -156,6 +159,20 @@ class DebPackageTest(unittest.TestCase):
         result = run(["dpkg-deb", "--info", self.deb, "conffiles"])
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout, CONFFILE + "\n")
+
+    def test_lintian_reports_no_error_or_warning(self):
+        lintian = shutil.which("lintian")
+        if lintian is None:
+            self.skipTest("lintian is not installed (scripts/deps.sh installs it)")
+        # Every tag shown, info and pedantic too, so that the failure message has them all;
+        # only errors and warnings fail, and overrides that no longer match (stale reasons).
+        result = run([lintian, "--pedantic", "--display-info", "--display-experimental",
+                      "--no-tag-display-limit", self.deb], env=system_env(), timeout=240)
+        tags = [line for line in result.stdout.splitlines() if re.match(r"[A-Z]: ", line)]
+        bad = [line for line in tags if line.startswith(("E: ", "W: "))
+               or re.search(r"\b(unused|mismatched)-override\b", line)]
+        self.assertEqual(bad, [], "lintian:\n" + result.stdout + result.stderr)
+        self.assertNotEqual(result.returncode, 2, result.stderr)  # 2: lintian itself failed
 
     def test_contents_are_the_binaries_pages_unit_completion_and_config(self):
         listing = run(["dpkg-deb", "--contents", self.deb]).stdout.splitlines()
