@@ -1,30 +1,70 @@
 # Installation and the Debian package: `cpack -G DEB` in the build directory produces
 # vllmd_<version>_<arch>.deb with the three binaries, the man pages, the systemd unit, the
-# shell completion and the example configuration (a conffile: upgrades keep local edits).
-# tests/integration/packaging/test_deb.py builds it and installs it into a scratch root.
+# shell completion, the example configuration (a conffile: upgrades keep local edits), and
+# what Debian policy asks of every package: the copyright file (cmake/packaging/copyright,
+# machine-readable) and the changelog (cmake/packaging/changelog) in /usr/share/doc/vllmd,
+# and the lintian overrides, each with its reason (cmake/packaging/lintian-overrides).
+# tests/integration/packaging/test_deb.py builds it, runs lintian on it and installs it into
+# a scratch root.
 
 include(GNUInstallDirs)
 
-install(TARGETS vllmd vllmctl vllm-ref-engine RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+set(VLLMD_PACKAGING_DIR ${PROJECT_SOURCE_DIR}/cmake/packaging)
 
-# Man pages, compressed as Debian policy asks (gzip -9n: no name or time stamp in the
-# output, which then only depends on the page).
+install(TARGETS vllmd vllmctl vllm-ref-engine RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# Stripped installs (cpack, CPACK_STRIP_FILES; cmake --install --strip) also lose the .comment
+# section (compiler versions) and .note, as dh_strip does; .note.* (the build ID) stays.
+install(CODE "
+  if(CMAKE_INSTALL_DO_STRIP)
+    foreach(binary vllmd vllmctl vllm-ref-engine)
+      execute_process(COMMAND \"${CMAKE_STRIP}\" --remove-section=.comment --remove-section=.note
+        \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/\${binary}\"
+        COMMAND_ERROR_IS_FATAL ANY)
+    endforeach()
+  endif()")
+
+# Man pages and the changelog, compressed as Debian policy asks (gzip -9n: no name or time
+# stamp in the output, which then only depends on the source).
 find_program(GZIP_EXECUTABLE gzip REQUIRED)
-set(compressed_pages)
-foreach(page vllmctl.1 vllmd.8 vllmd.toml.5)
-  set(source ${PROJECT_SOURCE_DIR}/man/${page})
-  set(copy ${PROJECT_BINARY_DIR}/man/${page})
+function(vllmd_compressed source copy)
   add_custom_command(OUTPUT ${copy}.gz
     COMMAND ${CMAKE_COMMAND} -E copy ${source} ${copy}
     COMMAND ${GZIP_EXECUTABLE} -9nf ${copy}
     DEPENDS ${source}
-    COMMENT "Compressing man page ${page}"
+    COMMENT "Compressing ${source}"
     VERBATIM)
+endfunction()
+
+set(compressed_pages)
+foreach(page vllmctl.1 vllmd.8 vllmd.toml.5 vllm-ref-engine.1)
+  set(copy ${PROJECT_BINARY_DIR}/man/${page})
+  vllmd_compressed(${PROJECT_SOURCE_DIR}/man/${page} ${copy})
   list(APPEND compressed_pages ${copy}.gz)
   string(REGEX MATCH "[0-9]$" section ${page})
   install(FILES ${copy}.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man${section})
 endforeach()
 add_custom_target(man_pages ALL DEPENDS ${compressed_pages})
+
+# /usr/share/doc/vllmd: the copyright file as it is, and the changelog, whose latest entry
+# must be this version (a new version needs its changelog entry before it configures).
+install(FILES ${VLLMD_PACKAGING_DIR}/copyright DESTINATION ${CMAKE_INSTALL_DOCDIR})
+file(STRINGS ${VLLMD_PACKAGING_DIR}/changelog changelog_head LIMIT_COUNT 1)
+if(NOT changelog_head MATCHES "^vllmd \\(([^)]+)\\) ")
+  message(FATAL_ERROR "cmake/packaging/changelog: the first line is not a Debian changelog "
+    "entry's: '${changelog_head}'")
+endif()
+if(NOT CMAKE_MATCH_1 STREQUAL PROJECT_VERSION)
+  message(FATAL_ERROR "cmake/packaging/changelog: the latest entry is for ${CMAKE_MATCH_1}, "
+    "the project is ${PROJECT_VERSION}: add an entry for ${PROJECT_VERSION}")
+endif()
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${VLLMD_PACKAGING_DIR}/changelog)
+vllmd_compressed(${VLLMD_PACKAGING_DIR}/changelog ${PROJECT_BINARY_DIR}/packaging/changelog)
+add_custom_target(changelog ALL DEPENDS ${PROJECT_BINARY_DIR}/packaging/changelog.gz)
+install(FILES ${PROJECT_BINARY_DIR}/packaging/changelog.gz DESTINATION ${CMAKE_INSTALL_DOCDIR})
+
+# The tags lintian reports that are deliberately not fixed, each with its reason.
+install(FILES ${VLLMD_PACKAGING_DIR}/lintian-overrides
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/lintian/overrides RENAME vllmd)
 
 # /usr/lib/systemd/system: the same directory as /lib/systemd/system on Debian 12's merged /usr.
 install(FILES daemon/vllmd.service DESTINATION lib/systemd/system)

@@ -16,8 +16,8 @@ packages=(
   # Engine-link tests cut TCP connections (ss -K) and stand in for hosts (ip netns).
   iproute2
   # Man pages (mandoc -T lint) and the Debian package test: cpack's dpkg-shlibdeps, man -w,
-  # systemd-analyze verify.
-  mandoc dpkg-dev man-db systemd
+  # systemd-analyze verify, lintian on the .deb.
+  mandoc dpkg-dev man-db systemd lintian
   # The house style, enforced by .ci/run (scripts/format.sh --check, scripts/tidy.sh).
   clang-format-14 clang-tidy-14
   # The libFuzzer targets in tests/fuzz (.ci/run's bounded fuzz step, -DVLLMD_FUZZ=ON).

@@ -1,10 +1,11 @@
 """The man pages (man/) against the binaries: every command and flag that `vllmctl --help`
 and its commands' --help print is in vllmctl(1), every flag of `vllmd --help` in vllmd(8),
+every flag of `vllm-ref-engine --help` in vllm-ref-engine(1),
 every key of `vllmd --print-config` in vllmd.toml(5) with the flag and the variable that
 really set it (checked by running vllmd), its real default and whether SIGHUP reloads it;
 and `mandoc -T lint -W warning` is clean for each page.
 
-Environment (set by ctest): VLLMD_BIN, VLLMCTL_BIN, MAN_DIR. Needs mandoc (scripts/deps.sh).
+Environment (set by ctest): VLLMD_BIN, VLLMCTL_BIN, VLLM_REF_ENGINE_BIN, MAN_DIR. Needs mandoc (scripts/deps.sh).
 """
 
 import os
@@ -19,7 +20,7 @@ from cli_help import help_blocks
 
 SECTIONS = ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "EXIT STATUS", "ENVIRONMENT",
             "FILES", "EXAMPLES", "SEE ALSO"]
-PAGES = ["vllmctl.1", "vllmd.8", "vllmd.toml.5"]
+PAGES = ["vllmctl.1", "vllmd.8", "vllmd.toml.5", "vllm-ref-engine.1"]
 
 # What a SIGHUP applies (daemon/daemon.cpp, reload()); every other setting needs a restart.
 RELOADABLE = {"server.max_body_bytes", "server.api_keys", "server.api_key_file",
@@ -96,8 +97,8 @@ def exit_tags(lines):
 
 
 def option_names(entry):
-    """'-o,--output' -> ['-o', '--output']."""
-    return entry.split(",")
+    """'-o,--output' -> ['-o', '--output']; a negatable flag's '{false}' is dropped."""
+    return re.sub(r"\{[^}]*\}$", "", entry).split(",")
 
 
 class ManPageTest(unittest.TestCase):
@@ -106,6 +107,7 @@ class ManPageTest(unittest.TestCase):
     def setUpClass(cls):
         cls.vllmd = required_env("VLLMD_BIN")
         cls.vllmctl = required_env("VLLMCTL_BIN")
+        cls.ref_engine = required_env("VLLM_REF_ENGINE_BIN")
         cls.pages = {name: render(name) for name in PAGES}
         cls.workdir = tempfile.mkdtemp(prefix="vllmd-it-man-")
         # vllmd reads /etc/vllmd/vllmd.toml when present: give it a file of our own, and an
@@ -242,6 +244,25 @@ class ManPageTest(unittest.TestCase):
         for variable in set(re.findall(r"\bVLLMD?_[A-Z_]+", flat(self.pages["vllmd.8"]))):
             with self.subTest(variable=variable):
                 self.assertIn(variable, documented)
+
+    # --- vllm-ref-engine(1) -------------------------------------------------------------
+
+    def test_ref_engine_page_has_every_flag(self):
+        result = run([self.ref_engine, "--help"], env=self.env)
+        self.assertEqual(result.returncode, 0, result)
+        blocks = help_blocks(result.stdout)
+        flags = [flag for group in ["Options", "Fault injection"]
+                 for entry in blocks.get(group, []) for flag in option_names(entry)]
+        self.assertIn("--handshake", flags)  # the parse found the options
+        self.assertIn("--inject-fail", flags)  # and the fault-injection group
+        options = tag_lines(self.section("vllm-ref-engine.1", "OPTIONS"))
+        for flag in flags:
+            with self.subTest(flag=flag):
+                self.assertTrue(has_word(options, flag), f"{flag} has no entry in OPTIONS")
+
+    def test_ref_engine_page_has_its_exit_codes(self):
+        tags = exit_tags(self.section("vllm-ref-engine.1", "EXIT STATUS"))
+        self.assertEqual(tags, ["0", "1", "64"])
 
     # --- vllmd.toml(5) --------------------------------------------------------------------
 

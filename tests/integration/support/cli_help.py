@@ -6,11 +6,13 @@ import re
 
 def help_blocks(text):
     """CLI11's help as {heading: [entry names]} for Options, Positionals and Subcommands,
-    plus the vllmctl footer's "Exit codes" and "Environment"."""
+    plus the vllmctl footer's "Exit codes" and "Environment" and vllm-ref-engine's
+    "Fault injection" group."""
     blocks = {}
     heading = None
     for line in text.splitlines():
-        match = re.fullmatch(r"(Options|Positionals|Subcommands|Exit codes|Environment):", line)
+        match = re.fullmatch(
+            r"(Options|Positionals|Subcommands|Exit codes|Environment|Fault injection):", line)
         if match:
             heading = match.group(1)
             blocks[heading] = []
