@@ -42,8 +42,9 @@ TEST_SUITE("reference_engine_hold") {
     CHECK(version.call_id == vllmd::wire::CallId{2, false});
     const auto paused = frontend.reply();
     CHECK(paused.call_id == vllmd::wire::CallId{3, false});
-    CHECK(json(paused.value_msgpack) == "true");  // the pause took effect when it arrived
-    CHECK(Clock::now() - sent < 300ms);
+    // The pause took effect when it arrived. (Served before the held reply: the order of the
+    // replies shows it; no upper bound on time, which a loaded machine would break.)
+    CHECK(json(paused.value_msgpack) == "true");
 
     const auto pause = frontend.reply();
     CHECK(pause.call_id == vllmd::wire::CallId{1, false});
@@ -61,9 +62,8 @@ TEST_SUITE("reference_engine_hold") {
     const auto sent = Clock::now();
     for (std::uint64_t id = 1; id <= kCalls; ++id) frontend.call(id, "is_scheduler_paused", "[]");
     frontend.call(kCalls + 1, "get_weight_version", "[]");
-    // Served while all of them are held.
+    // Served while all of them are held: its reply comes before any held one.
     CHECK(frontend.reply().call_id == vllmd::wire::CallId{kCalls + 1, false});
-    CHECK(Clock::now() - sent < 400ms);
     for (std::uint64_t id = 1; id <= kCalls; ++id) {
       const auto reply = frontend.reply();
       INFO("expected " << id << ", got " << reply.call_id.bits);
