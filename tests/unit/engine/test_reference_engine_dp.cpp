@@ -14,7 +14,7 @@
 
 using namespace std::chrono_literals;
 using namespace vllmd::test;
-using vllmd::engine::DpGroup;
+using vllmd::reference::DpGroup;
 
 namespace {
 
