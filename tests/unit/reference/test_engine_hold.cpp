@@ -7,7 +7,7 @@
 #include <string>
 
 #include "common/reference/held_replies.hpp"
-#include "tests/unit/engine/reference_frontend.hpp"
+#include "tests/unit/reference/frontend.hpp"
 
 using namespace std::chrono_literals;
 using namespace vllmd::test;

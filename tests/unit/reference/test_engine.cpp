@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/unit/engine/reference_frontend.hpp"
+#include "tests/unit/reference/frontend.hpp"
 
 using namespace std::chrono_literals;
 using namespace vllmd::test;
