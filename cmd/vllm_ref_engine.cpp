@@ -18,14 +18,14 @@
 #include <string>
 #include <vector>
 
-#include "common/engine/reference_engine.hpp"
+#include "common/reference/engine.hpp"
 #include "common/util/log.hpp"
 #include "common/wire/msgpack_to_json.hpp"
 
 namespace {
 
-using vllmd::engine::ReceivedCall;
-using vllmd::engine::ReferenceEngineOptions;
+using vllmd::reference::ReceivedCall;
+using vllmd::reference::ReferenceEngineOptions;
 
 constexpr int kExitUsage = 64;  // EX_USAGE
 
@@ -226,7 +226,7 @@ class Recorder {
   }
 
   // The DP group as this rank formed it: one line of its own, before any call.
-  void write(const vllmd::engine::DpGroup& group) {
+  void write(const vllmd::reference::DpGroup& group) {
     std::string ports;
     for (std::int64_t port : group.master.port_list) {
       ports += (ports.empty() ? "" : ",") + std::to_string(port);
@@ -253,7 +253,7 @@ class Recorder {
 // Fills the options the flags describe beyond plain values; false (with a message) on error.
 bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   ReferenceEngineOptions& options = flags.options;
-  vllmd::engine::parse_backend(flags.backend, options.backend);
+  vllmd::reference::parse_backend(flags.backend, options.backend);
   vllmd::log::Level level = vllmd::log::Level::kInfo;
   vllmd::log::parse_level(flags.log_level, level);
   vllmd::log::set_level(level);
@@ -274,7 +274,7 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
     }
     recorder = std::make_unique<Recorder>(file);
     options.on_call = [raw = recorder.get()](const ReceivedCall& call) { raw->write(call); };
-    options.on_dp_group = [raw = recorder.get()](const vllmd::engine::DpGroup& group) {
+    options.on_dp_group = [raw = recorder.get()](const vllmd::reference::DpGroup& group) {
       raw->write(group);
     };
   }
@@ -307,7 +307,7 @@ int run(int argc, char** argv) {
   std::unique_ptr<Recorder> recorder;
   if (!finish_options(flags, recorder)) return 1;
 
-  vllmd::engine::ReferenceEngine engine(flags.options);
+  vllmd::reference::ReferenceEngine engine(flags.options);
   engine.start();
   while (engine.running()) {
     const timespec slice{0, 100'000'000};

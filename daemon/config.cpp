@@ -10,7 +10,7 @@
 #include <sstream>
 #include <variant>
 
-#include "common/engine/reference_core.hpp"
+#include "common/reference/core.hpp"
 #include "common/util/cidr.hpp"
 #include "common/util/log.hpp"
 
@@ -328,8 +328,8 @@ const std::vector<Setting>& settings() {
        "embedded engine's weight transfer backend: nccl|ipc|none",
        [](Config& c, const Value& v) -> std::optional<std::string> {
          c.backend = as<std::string>(v);
-         engine::Backend parsed;
-         if (!engine::parse_backend(c.backend, parsed)) return "must be nccl, ipc or none";
+         reference::Backend parsed;
+         if (!reference::parse_backend(c.backend, parsed)) return "must be nccl, ipc or none";
          return std::nullopt;
        },
        [](const Config& c) -> Value { return c.backend; }},

@@ -68,11 +68,11 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
     log::warning(
         "embedded mode: serving the in-process reference engine; no model is loaded and "
         "no weights go anywhere");
-    engine::ReferenceEngineOptions reference;
-    reference.handshake_address = engines->client_->handshake_endpoint();
-    reference.tensor_parallel_size = config.tensor_parallel_size;
-    engine::parse_backend(config.backend, reference.backend);
-    engines->embedded_ = std::make_unique<engine::ReferenceEngine>(std::move(reference));
+    reference::ReferenceEngineOptions embedded;
+    embedded.handshake_address = engines->client_->handshake_endpoint();
+    embedded.tensor_parallel_size = config.tensor_parallel_size;
+    reference::parse_backend(config.backend, embedded.backend);
+    engines->embedded_ = std::make_unique<reference::ReferenceEngine>(std::move(embedded));
     engines->embedded_->start();
   } else if (config.mode == EngineMode::kManaged) {
     if (auto spawned = engines->spawn_managed(config); !spawned) {

@@ -9,7 +9,7 @@
 #include <tl/expected.hpp>
 
 #include "common/engine/client.hpp"
-#include "common/engine/reference_engine.hpp"
+#include "common/reference/engine.hpp"
 #include "daemon/config.hpp"
 
 namespace vllmd::daemon {
@@ -26,7 +26,7 @@ class Engines {
   tl::expected<void, std::string> spawn_managed(const Config& config);
 
   std::unique_ptr<engine::EngineClient> client_;
-  std::unique_ptr<engine::ReferenceEngine> embedded_;
+  std::unique_ptr<reference::ReferenceEngine> embedded_;
   pid_t managed_pid_ = -1;
   std::atomic<bool> managed_exited_{false};
   std::atomic<bool> stopping_{false};

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "tests/support/process.hpp"
-#include "tests/unit/engine/reference_frontend.hpp"
+#include "tests/unit/reference/frontend.hpp"
 
 using namespace std::chrono_literals;
 using vllmd::test::Frontend;

@@ -10,7 +10,7 @@
 #include <tl/expected.hpp>
 #include <vector>
 
-namespace vllmd::engine {
+namespace vllmd::reference {
 
 enum class Backend { kNccl, kIpc, kNone };
 std::string_view backend_name(Backend backend);  // "nccl", "ipc", "none"
@@ -73,4 +73,4 @@ class ReferenceCore {
   bool paused_ = false;
 };
 
-}  // namespace vllmd::engine
+}  // namespace vllmd::reference

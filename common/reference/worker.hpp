@@ -7,10 +7,10 @@
 #include <string_view>
 #include <tl/expected.hpp>
 
-#include "common/engine/python_call.hpp"
-#include "common/engine/reference_core.hpp"
+#include "common/reference/core.hpp"
+#include "common/reference/python_call.hpp"
 
-namespace vllmd::engine::detail {
+namespace vllmd::reference::detail {
 
 // What a worker knows besides its state.
 struct WorkerContext {
@@ -25,4 +25,4 @@ tl::expected<void, std::string> run_worker_method(WorkerState& worker, const Wor
                                                   std::string_view method, Positional args,
                                                   const msgpack::object* kwargs);
 
-}  // namespace vllmd::engine::detail
+}  // namespace vllmd::reference::detail

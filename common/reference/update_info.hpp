@@ -9,12 +9,12 @@
 #include <string>
 #include <tl/expected.hpp>
 
-#include "common/engine/reference_worker.hpp"
+#include "common/reference/worker.hpp"
 
-namespace vllmd::engine::detail {
+namespace vllmd::reference::detail {
 
 // The number of tensors the update names, or the exception text vLLM raises.
 tl::expected<std::uint32_t, std::string> read_update_info(const WorkerContext& context,
                                                           const msgpack::object& info);
 
-}  // namespace vllmd::engine::detail
+}  // namespace vllmd::reference::detail

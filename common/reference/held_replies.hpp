@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-namespace vllmd::engine {
+namespace vllmd::reference {
 
 class HeldReplies {
  public:
@@ -45,4 +45,4 @@ class HeldReplies {
   std::uint64_t next_sequence_ = 0;
 };
 
-}  // namespace vllmd::engine
+}  // namespace vllmd::reference

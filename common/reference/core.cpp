@@ -1,13 +1,13 @@
-#include "common/engine/reference_core.hpp"
+#include "common/reference/core.hpp"
 
 #include <algorithm>
 #include <optional>
 
-#include "common/engine/python_call.hpp"
-#include "common/engine/reference_worker.hpp"
+#include "common/reference/python_call.hpp"
+#include "common/reference/worker.hpp"
 #include "common/wire/msgpack_codec.hpp"
 
-namespace vllmd::engine {
+namespace vllmd::reference {
 
 namespace {
 
@@ -211,4 +211,4 @@ tl::expected<std::string, std::string> ReferenceCore::call(std::string_view meth
   return encode_state(*this);  // reference_state
 }
 
-}  // namespace vllmd::engine
+}  // namespace vllmd::reference

@@ -1,8 +1,8 @@
-#include "common/engine/python_call.hpp"
+#include "common/reference/python_call.hpp"
 
 #include "common/wire/msgpack_codec.hpp"
 
-namespace vllmd::engine::detail {
+namespace vllmd::reference::detail {
 
 namespace {
 
@@ -127,4 +127,4 @@ std::string type_error(std::string_view what, std::string_view expected,
          std::string(python_type(got));
 }
 
-}  // namespace vllmd::engine::detail
+}  // namespace vllmd::reference::detail

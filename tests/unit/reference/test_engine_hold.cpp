@@ -6,13 +6,13 @@
 #include <chrono>
 #include <string>
 
-#include "common/engine/held_replies.hpp"
-#include "tests/unit/engine/reference_frontend.hpp"
+#include "common/reference/held_replies.hpp"
+#include "tests/unit/reference/frontend.hpp"
 
 using namespace std::chrono_literals;
 using namespace vllmd::test;
 using Clock = std::chrono::steady_clock;
-using vllmd::engine::HeldReplies;
+using vllmd::reference::HeldReplies;
 
 TEST_SUITE("reference_engine_hold") {
   TEST_CASE("held replies go out when due; at the same time, in the order held") {

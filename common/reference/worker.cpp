@@ -1,11 +1,11 @@
-#include "common/engine/reference_worker.hpp"
+#include "common/reference/worker.hpp"
 
 #include <vector>
 
-#include "common/engine/reference_update_info.hpp"
+#include "common/reference/update_info.hpp"
 #include "common/wire/msgpack_codec.hpp"
 
-namespace vllmd::engine::detail {
+namespace vllmd::reference::detail {
 
 namespace {
 
@@ -128,4 +128,4 @@ tl::expected<void, std::string> run_worker_method(WorkerState& worker, const Wor
   return {};
 }
 
-}  // namespace vllmd::engine::detail
+}  // namespace vllmd::reference::detail

@@ -1,12 +1,12 @@
-#include "common/engine/reference_update_info.hpp"
+#include "common/reference/update_info.hpp"
 
 #include <string_view>
 #include <vector>
 
-#include "common/engine/python_call.hpp"
+#include "common/reference/python_call.hpp"
 #include "common/wire/msgpack_codec.hpp"
 
-namespace vllmd::engine::detail {
+namespace vllmd::reference::detail {
 
 namespace {
 
@@ -171,4 +171,4 @@ Count read_update_info(const WorkerContext& context, const msgpack::object& info
   return read_nccl_update_info(info);
 }
 
-}  // namespace vllmd::engine::detail
+}  // namespace vllmd::reference::detail

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "tests/unit/engine/reference_frontend.hpp"
+#include "tests/unit/reference/frontend.hpp"
 
 using namespace std::chrono_literals;
 using namespace vllmd::test;
-using vllmd::engine::DpGroup;
+using vllmd::reference::DpGroup;
 
 namespace {
 

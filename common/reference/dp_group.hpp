@@ -15,7 +15,7 @@
 
 #include "common/wire/messages.hpp"
 
-namespace vllmd::engine {
+namespace vllmd::reference {
 
 struct DpGroupRequest {
   int rank = 0;
@@ -43,4 +43,4 @@ tl::expected<wire::DataParallelMaster, std::string> own_data_parallel_master(
 tl::expected<DpGroup, std::string> form_dp_group(const DpGroupRequest& request,
                                                  const std::atomic<bool>& stop);
 
-}  // namespace vllmd::engine
+}  // namespace vllmd::reference

@@ -5,14 +5,14 @@
 #include <string>
 #include <string_view>
 
-#include "common/engine/reference_core.hpp"
+#include "common/reference/core.hpp"
 #include "common/wire/json_to_msgpack.hpp"
 #include "common/wire/msgpack_to_json.hpp"
 
 namespace {
 
-using vllmd::engine::Backend;
-using vllmd::engine::ReferenceCore;
+using vllmd::reference::Backend;
+using vllmd::reference::ReferenceCore;
 
 std::string msgpack_of(std::string_view json) {
   auto transcoded = vllmd::wire::json_to_msgpack(json);
@@ -71,7 +71,7 @@ TEST_SUITE("reference_core") {
   }
 
   TEST_CASE("an engine has PP x TP x PCP workers; a list update_info has one entry each") {
-    vllmd::engine::ParallelSizes sizes;
+    vllmd::reference::ParallelSizes sizes;
     sizes.data_parallel_rank = 1;
     sizes.data_parallel_size = 2;
     sizes.pipeline_parallel_size = 2;
@@ -107,7 +107,7 @@ TEST_SUITE("reference_core") {
     const std::string busy =
         "start_weight_update called while a weight update is already active. "
         "Call finish_weight_update first.";
-    const auto second_start = [](const vllmd::engine::ParallelSizes& sizes) {
+    const auto second_start = [](const vllmd::reference::ParallelSizes& sizes) {
       ReferenceCore core(sizes, Backend::kNccl);
       REQUIRE(rpc(core, "start_weight_update").find("error") == std::string::npos);
       return rpc(core, "start_weight_update");
@@ -329,7 +329,7 @@ TEST_SUITE("reference_core") {
   }
 
   TEST_CASE("without VLLM_ALLOW_INSECURE_SERIALIZATION pickled IPC handles are refused") {
-    ReferenceCore core(vllmd::engine::ParallelSizes{}, Backend::kIpc, false);
+    ReferenceCore core(vllmd::reference::ParallelSizes{}, Backend::kIpc, false);
     REQUIRE(rpc(core, "start_weight_update") == "[null]");
     CHECK(rpc(core, "update_weights",
               R"({"update_info":{"names":["a"],"dtype_names":["f"],"shapes":[[1]],)"
@@ -432,11 +432,11 @@ TEST_SUITE("reference_core") {
 
   TEST_CASE("backend names") {
     Backend backend = Backend::kNone;
-    CHECK(vllmd::engine::parse_backend("ipc", backend));
+    CHECK(vllmd::reference::parse_backend("ipc", backend));
     CHECK(backend == Backend::kIpc);
-    CHECK(vllmd::engine::parse_backend("nccl", backend));
+    CHECK(vllmd::reference::parse_backend("nccl", backend));
     CHECK(backend == Backend::kNccl);
-    CHECK_FALSE(vllmd::engine::parse_backend("gloo", backend));
-    CHECK(vllmd::engine::backend_name(Backend::kNone) == "none");
+    CHECK_FALSE(vllmd::reference::parse_backend("gloo", backend));
+    CHECK(vllmd::reference::backend_name(Backend::kNone) == "none");
   }
 }

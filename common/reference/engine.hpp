@@ -18,10 +18,10 @@
 #include <string>
 #include <thread>
 
-#include "common/engine/reference_core.hpp"
-#include "common/engine/reference_dp_group.hpp"
+#include "common/reference/core.hpp"
+#include "common/reference/dp_group.hpp"
 
-namespace vllmd::engine {
+namespace vllmd::reference {
 
 // Faults are keyed by method name: an engine-core method ("get_weight_version") or a worker
 // method reached through collective_rpc ("update_weights").
@@ -97,4 +97,4 @@ class ReferenceEngine {
   std::string error_;
 };
 
-}  // namespace vllmd::engine
+}  // namespace vllmd::reference

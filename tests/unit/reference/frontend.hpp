@@ -14,7 +14,7 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "common/engine/reference_engine.hpp"
+#include "common/reference/engine.hpp"
 #include "common/wire/json_to_msgpack.hpp"
 #include "common/wire/messages.hpp"
 #include "common/wire/msgpack_to_json.hpp"
@@ -22,8 +22,8 @@
 namespace vllmd::test {
 
 using namespace std::chrono_literals;
-using engine::ReferenceEngine;
-using engine::ReferenceEngineOptions;
+using reference::ReferenceEngine;
+using reference::ReferenceEngineOptions;
 namespace wire = vllmd::wire;
 
 inline constexpr auto kTimeout = 5s;

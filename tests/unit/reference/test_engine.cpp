@@ -10,11 +10,11 @@
 #include <thread>
 #include <vector>
 
-#include "tests/unit/engine/reference_frontend.hpp"
+#include "tests/unit/reference/frontend.hpp"
 
 using namespace std::chrono_literals;
 using namespace vllmd::test;
-using vllmd::engine::ReceivedCall;
+using vllmd::reference::ReceivedCall;
 
 TEST_SUITE("reference_engine") {
   TEST_CASE("handshake, registration and utility calls") {
@@ -82,7 +82,7 @@ TEST_SUITE("reference_engine") {
     auto options = options_for(frontend);
     options.faults.ready_before_registration = true;
     options.faults.empty_registration = true;
-    options.backend = vllmd::engine::Backend::kNone;
+    options.backend = vllmd::reference::Backend::kNone;
     ReferenceEngine engine(options);
     engine.start();
     const std::string registration = frontend.connect();
@@ -98,7 +98,7 @@ TEST_SUITE("reference_engine") {
   TEST_CASE("backend none registers a nil weight_transfer_backend") {
     Frontend frontend;
     auto options = options_for(frontend);
-    options.backend = vllmd::engine::Backend::kNone;
+    options.backend = vllmd::reference::Backend::kNone;
     ReferenceEngine engine(options);
     engine.start();
     auto registration = wire::decode_registration(frontend.connect());

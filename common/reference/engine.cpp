@@ -1,4 +1,4 @@
-#include "common/engine/reference_engine.hpp"
+#include "common/reference/engine.hpp"
 
 #include <zmq.h>
 
@@ -9,11 +9,11 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "common/engine/held_replies.hpp"
+#include "common/reference/held_replies.hpp"
 #include "common/util/log.hpp"
 #include "common/wire/messages.hpp"
 
-namespace vllmd::engine {
+namespace vllmd::reference {
 
 namespace {
 
@@ -246,7 +246,7 @@ class Session {
     log::info(prefix_, "forming the DP group of ", request.size, " ranks; DP master ",
               request.master.ip, ":", request.master.port,
               from_init ? " from INIT" : " of its own (INIT names none)");
-    auto group = engine::form_dp_group(request, stop_requested_);
+    auto group = reference::form_dp_group(request, stop_requested_);
     if (!group) {
       if (stopping()) return false;
       throw std::runtime_error("EngineCore failed to start: " + group.error());
@@ -457,4 +457,4 @@ void ReferenceEngine::run() {
   if (outcome == Outcome::kFaultExit && options_.on_fault_exit) options_.on_fault_exit();
 }
 
-}  // namespace vllmd::engine
+}  // namespace vllmd::reference

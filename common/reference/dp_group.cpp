@@ -1,4 +1,4 @@
-#include "common/engine/reference_dp_group.hpp"
+#include "common/reference/dp_group.hpp"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -17,7 +17,7 @@
 
 #include "common/engine/endpoints.hpp"
 
-namespace vllmd::engine {
+namespace vllmd::reference {
 
 namespace {
 
@@ -302,9 +302,9 @@ Result join_group(const DpGroupRequest& request, std::int64_t group_port,
 
 tl::expected<wire::DataParallelMaster, std::string> own_data_parallel_master(
     std::string_view handshake_address, int data_parallel_size) {
-  auto endpoint = parse_endpoint(handshake_address);
+  auto endpoint = engine::parse_endpoint(handshake_address);
   const bool tcp_host =
-      endpoint && endpoint->transport == "tcp" && !is_wildcard_host(endpoint->host);
+      endpoint && endpoint->transport == "tcp" && !engine::is_wildcard_host(endpoint->host);
   return wire::pick_data_parallel_master(tcp_host ? endpoint->host : "127.0.0.1",
                                          data_parallel_size);
 }
@@ -317,4 +317,4 @@ tl::expected<DpGroup, std::string> form_dp_group(const DpGroupRequest& request,
                            : join_group(request, group_port, stop);
 }
 
-}  // namespace vllmd::engine
+}  // namespace vllmd::reference
