@@ -19,7 +19,7 @@
 #include <tl/expected.hpp>
 #include <vector>
 
-#include "common/engine/client.hpp"
+#include "common/engine/engine_calls.hpp"
 
 namespace vllmd::api {
 

@@ -103,7 +103,7 @@ void WeightSyncService::forward(const Call& call, std::vector<std::uint64_t> inc
       route.member_kind == Member::kObject || route.member_kind == Member::kObjectOrList;
   const std::string header =
       collective_rpc_header(route.worker_method, passed_on ? route.member : std::string_view());
-  engine::EngineClient::ArgParts args{header};
+  engine::EngineCalls::ArgParts args{header};
   if (!call.value.empty()) args.push_back(call.value);
   CallOptions options{options_.lifecycle_timeout, true};
   options.incarnations = std::move(incarnations);

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/api/errors.hpp"
-#include "common/engine/client.hpp"
+#include "common/engine/engine_calls.hpp"
 
 namespace vllmd::api {
 

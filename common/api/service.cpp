@@ -20,7 +20,7 @@ Response error_response(const ApiError& error, double engine_seconds) {
   return response;
 }
 
-WeightSyncService::WeightSyncService(engine::EngineClient& engines, ServiceOptions options,
+WeightSyncService::WeightSyncService(engine::EngineCalls& engines, ServiceOptions options,
                                      util::Executor* executor)
     : engines_(engines), options_(options), lifecycle_queue_(executor),
       sessions_(options.session_idle_timeout) {}
@@ -52,7 +52,7 @@ bool WeightSyncService::answers_at_once(const Route& route) const {
 
 void WeightSyncService::fan_out(std::string operation_name, std::string metric,
                                 std::string engine_method,
-                                const engine::EngineClient::ArgParts& args,
+                                const engine::EngineCalls::ArgParts& args,
                                 const CallOptions& options, Changes changes,
                                 const std::vector<int>& ranks, std::function<void(FanOut)> then) {
   const auto started = std::chrono::steady_clock::now();

@@ -21,7 +21,7 @@
 #include "common/api/serial_queue.hpp"
 #include "common/api/session.hpp"
 #include "common/api/table.hpp"
-#include "common/engine/client.hpp"
+#include "common/engine/engine_calls.hpp"
 #include "common/util/executor.hpp"
 
 namespace vllmd::api {
@@ -50,8 +50,9 @@ struct DaemonHooks {
 
 class WeightSyncService {
  public:
+  // `engines`: the daemon's EngineClient, or a fake in unit tests; it outlives the service.
   // `executor` starts queued lifecycle calls and runs their wait limits (see SerialQueue).
-  WeightSyncService(engine::EngineClient& engines, ServiceOptions options,
+  WeightSyncService(engine::EngineCalls& engines, ServiceOptions options,
                     util::Executor* executor = nullptr);
 
   // Answers one call as its route says (Route::handling, Route::handler). Validation and
@@ -92,7 +93,7 @@ class WeightSyncService {
     double seconds = 0;
   };
   void fan_out(std::string operation_name, std::string metric, std::string engine_method,
-               const engine::EngineClient::ArgParts& args, const engine::CallOptions& options,
+               const engine::EngineCalls::ArgParts& args, const engine::CallOptions& options,
                Changes changes, const std::vector<int>& ranks, std::function<void(FanOut)> then);
 
   // The lifecycle (lifecycle.cpp).
@@ -120,7 +121,7 @@ class WeightSyncService {
   void sync_known();
   std::optional<ApiError> not_ready() const;
 
-  engine::EngineClient& engines_;
+  engine::EngineCalls& engines_;
   ServiceOptions options_;
   OperationObserver observer_;
   DaemonHooks hooks_;

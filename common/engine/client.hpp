@@ -3,7 +3,9 @@
 // (one per DP rank), and runs UTILITY calls on one engine or fanned out to all of them.
 //
 // One IO thread owns every socket. Callers on any thread build their frames, hand them over
-// through a queue, and block until each engine answers, fails, dies or times out.
+// through a queue, and block until each engine answers, fails, dies or times out. The
+// asynchronous calls and status queries are EngineCalls (engine_calls.hpp), which the
+// weight-sync service takes.
 //
 // Liveness. An engine is dead after ENGINE_CORE_DEAD, after mark_dead() (a managed engine
 // process that exited), and after a timed-out lifecycle call or liveness probe; a timed-out
@@ -23,26 +25,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/engine/engine_calls.hpp"
 #include "common/wire/messages.hpp"
 
 namespace vllmd::engine {
-
-// kHandshaking: HELLO seen, the model is loading until READY and registration (named
-// "loading"). kDisconnected: admitted, but its input connection dropped; calls fail at once.
-enum class EngineState { kWaiting, kHandshaking, kReady, kDisconnected, kDead };
-// "waiting", "loading", "ready", "disconnected", "dead".
-std::string_view state_name(EngineState state);
-
-struct EngineStatus {
-  int rank = 0;
-  EngineState state = EngineState::kWaiting;
-  wire::Registration registration;  // from the latest admission
-  std::string reason;               // why it is not ready, when that says more than the state
-  std::uint64_t admissions = 0;     // 1 after the first handshake, 2 after a restart, ...
-  // Which process of this rank it is: equal to admissions. A reconnect or a revival after a
-  // timeout is the same incarnation; a restart (a new HELLO) is the next one.
-  std::uint64_t incarnation = 0;
-};
 
 struct ClientOptions {
   // Where engines connect first: tcp://host:port (port 0 picks one) or ipc:///path.
@@ -72,50 +58,12 @@ struct ClientOptions {
   std::function<void(const EngineStatus&)> on_state_change;
 };
 
-enum class CallErrorKind {
-  kFailed,       // the engine answered with a failure message
-  kTimeout,      // no answer within the call's timeout
-  kUnavailable,  // engine not connected, died, restarted, or the client is shutting down
-};
-std::string_view error_kind_name(CallErrorKind kind);
-
-struct CallError {
-  CallErrorKind kind = CallErrorKind::kFailed;
-  std::string message;
-  // The call had reached the engine's socket (a timeout, or a connection lost while it was
-  // pending): the engine may have run it. False: refused before sending, or answered.
-  bool sent = false;
-};
-
-struct EngineReply {
-  int rank = 0;
-  tl::expected<std::string, CallError> value;  // msgpack of the returned value
-};
-
-struct CallOptions {
-  // A constructor rather than an aggregate, so `CallOptions{timeout, marks_dead}` stays
-  // warning-free (-Wmissing-field-initializers) now that the options have grown.
-  CallOptions(std::chrono::milliseconds call_timeout = std::chrono::seconds(30),
-              bool marks_dead = false, std::vector<std::uint64_t> expected_incarnations = {})
-      : timeout(call_timeout), timeout_marks_dead(marks_dead),
-        incarnations(std::move(expected_incarnations)) {}
-
-  std::chrono::milliseconds timeout;
-  // A lifecycle call that times out leaves the engine in an unknown state: mark it dead until
-  // it answers again. A read-only query that times out just fails.
-  bool timeout_marks_dead;
-  // The incarnation each rank must still be in, indexed by rank (empty, a missing entry or
-  // 0: any). A call to a rank re-admitted since fails at once as unavailable ("engine rank R
-  // restarted (incarnation A, now B)") and never reaches the new process.
-  std::vector<std::uint64_t> incarnations;
-};
-
 struct Batch;
 
-class EngineClient {
+class EngineClient final : public EngineCalls {
  public:
   static tl::expected<std::unique_ptr<EngineClient>, std::string> create(ClientOptions options);
-  ~EngineClient();  // close()
+  ~EngineClient() override;  // close()
   // Fails pending calls (unavailable), stops the IO thread and closes the sockets (linger 0);
   // later calls fail at once. The object stays usable for status queries.
   void close();
@@ -126,13 +74,12 @@ class EngineClient {
   const std::string& handshake_endpoint() const;
   const std::string& input_endpoint() const;
   const std::string& output_endpoint() const;
-  int data_parallel_size() const;
+  int data_parallel_size() const override;
 
-  std::vector<EngineStatus> engines() const;
-  bool all_ready() const;
+  std::vector<EngineStatus> engines() const override;
+  bool all_ready() const override;
   bool wait_all_ready(std::chrono::milliseconds timeout) const;
-  // Admissions of all engines so far: it changes whenever an engine (re)joins.
-  std::uint64_t admissions() const;
+  std::uint64_t admissions() const override;
   // Calls sent and not yet answered, failed or expired (as of the IO thread's last round);
   // liveness probes are not counted.
   std::size_t pending_calls() const;
@@ -146,10 +93,7 @@ class EngineClient {
   // calls fail at once. Thread-safe; takes effect on the IO thread.
   void mark_dead(int rank, std::string reason);
 
-  // `args` is one msgpack array, spliced into the UTILITY payload unchanged. It may come in
-  // pieces (a header and a large value still sitting in the transcoded request body): they
-  // are copied once, straight into each outgoing frame.
-  using ArgParts = std::vector<std::string_view>;
+  // Blocking calls; `args` as for call_all_async (EngineCalls::ArgParts).
   EngineReply call(int rank, std::string_view method, const ArgParts& args,
                    const CallOptions& options);
   // The same call on every engine, each with its own call id; replies in rank order.
@@ -160,12 +104,11 @@ class EngineClient {
   // last engine answered, failed, died or timed out. It runs on the IO thread (or on the
   // caller's, when the call fails before it was sent): it must not block, and must never
   // make a blocking call on this client.
-  using Completion = std::function<void(std::vector<EngineReply>)>;
   void call_all_async(std::string_view method, const ArgParts& args, const CallOptions& options,
-                      Completion done);
+                      Completion done) override;
   // The same on some ranks only (replies in the order of `ranks`).
   void call_ranks_async(const std::vector<int>& ranks, std::string_view method,
-                        const ArgParts& args, const CallOptions& options, Completion done);
+                        const ArgParts& args, const CallOptions& options, Completion done) override;
 
   struct Impl;
 
