@@ -368,7 +368,9 @@ std::string WeightSyncService::close_outcome(const std::vector<EngineReply>& rep
       pending_closes_.erase(reply.rank);
       continue;
     }
-    if (reply.value.error().kind != CallErrorKind::kFailed && rank < incarnations.size()) {
+    // Unknown outcome (unreachable, no answer, an undecodable answer): close it again later.
+    const engine::CallError& error = reply.value.error();
+    if ((error.kind != CallErrorKind::kFailed || error.sent) && rank < incarnations.size()) {
       pending_closes_[reply.rank] = incarnations[rank];
       retried = true;
     }
