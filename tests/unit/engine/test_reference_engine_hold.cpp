@@ -31,7 +31,7 @@ TEST_SUITE("reference_engine_hold") {
   }
 
   TEST_CASE("a held call is answered late while other calls are served") {
-    ConnectedEngine test([](auto& options) { options.faults.hold = {{"pause_scheduler", 300ms}}; });
+    ConnectedEngine test([](auto& options) { options.faults.hold = {{"pause_scheduler", 1s}}; });
     Frontend& frontend = test.frontend;
 
     const auto sent = Clock::now();
@@ -42,32 +42,33 @@ TEST_SUITE("reference_engine_hold") {
     CHECK(version.call_id == vllmd::wire::CallId{2, false});
     const auto paused = frontend.reply();
     CHECK(paused.call_id == vllmd::wire::CallId{3, false});
-    CHECK(json(paused.value_msgpack) == "true");  // the pause took effect when it arrived
-    CHECK(Clock::now() - sent < 300ms);
+    // The pause took effect when it arrived. (Served before the held reply: the order of the
+    // replies shows it; no upper bound on time, which a loaded machine would break.)
+    CHECK(json(paused.value_msgpack) == "true");
 
     const auto pause = frontend.reply();
     CHECK(pause.call_id == vllmd::wire::CallId{1, false});
     CHECK_FALSE(pause.failure_message);
-    CHECK(Clock::now() - sent >= 300ms);
+    CHECK(Clock::now() - sent >= 1s);
   }
 
   TEST_CASE("thousands of held calls are each answered after the hold, in order") {
-    ConnectedEngine test(
-        [](auto& options) { options.faults.hold = {{"is_scheduler_paused", 400ms}}; });
+    // The hold must outlast sending them all, also under ASan on a loaded machine (400 ms
+    // did not): the unheld call must arrive while every one of them is still held.
+    ConnectedEngine test([](auto& options) { options.faults.hold = {{"is_scheduler_paused", 3s}}; });
     Frontend& frontend = test.frontend;
 
     constexpr std::uint64_t kCalls = 3000;
     const auto sent = Clock::now();
     for (std::uint64_t id = 1; id <= kCalls; ++id) frontend.call(id, "is_scheduler_paused", "[]");
     frontend.call(kCalls + 1, "get_weight_version", "[]");
-    // Served while all of them are held.
+    // Served while all of them are held: its reply comes before any held one.
     CHECK(frontend.reply().call_id == vllmd::wire::CallId{kCalls + 1, false});
-    CHECK(Clock::now() - sent < 400ms);
     for (std::uint64_t id = 1; id <= kCalls; ++id) {
       const auto reply = frontend.reply();
       INFO("expected " << id << ", got " << reply.call_id.bits);
       REQUIRE(reply.call_id == vllmd::wire::CallId{id, false});
-      if (id == 1) CHECK(Clock::now() - sent >= 400ms);
+      if (id == 1) CHECK(Clock::now() - sent >= 3s);
     }
     CHECK_FALSE(frontend.reply_frame(100ms));
   }
