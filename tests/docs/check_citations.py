@@ -21,7 +21,8 @@ import argparse
 import os
 import re
 import sys
-import tempfile
+
+from tree_check import default_root, judge, run_on_tree
 
 # Where citations live, relative to the root: folders scanned recursively, and single files.
 SCAN_DIRS = ["common", "daemon", "cmd", "tests", "scripts", "cmake", "man", "docs", "examples",
@@ -54,9 +55,6 @@ HEADING = re.compile(r"^#{1,6}[ \t]+(\d+(?:\.\d+)*)\.?(?:[ \t]|$)")
 # Comment leaders a citation's section may continue after, on the next line.
 CONTINUATION = re.compile(r"^[ \t]*(?://+|#+|\*+|/\*+|--|;+|\"\"\"|''')?[ \t]*")
 
-
-def default_root():
-    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
 def scanned_files(root):
@@ -244,26 +242,8 @@ def self_test():
         ("tests/b.py", 2, "§9.1"),
         ("tests/b.py", 3, "§4"),
     }
-    with tempfile.TemporaryDirectory() as root:
-        for relative, text in tree.items():
-            path = os.path.join(root, relative)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(text)
-        problems, citations, _ = check(root)
-    unmatched = [p for p in problems
-                 if not any(p[0] == f and p[1] == n and s in p[2] for f, n, s in expected)]
-    missed = [e for e in expected
-              if not any(p[0] == e[0] and p[1] == e[1] and e[2] in p[2] for p in problems)]
-    for problem in unmatched:
-        print("self-test: unexpected problem: %s:%d: %s" % problem)
-    for item in missed:
-        print("self-test: not reported: %s:%d: ...%s..." % item)
-    if unmatched or missed or citations != 12:
-        print("self-test: FAILED (%d citations seen, 12 expected)" % citations)
-        return 1
-    print("self-test: ok (%d problems found as expected)" % len(problems))
-    return 0
+    problems, citations, _ = run_on_tree(tree, check)
+    return judge(problems, expected, citations, 12, "citations")
 
 
 def main():

@@ -21,7 +21,8 @@ import argparse
 import os
 import re
 import sys
-import tempfile
+
+from tree_check import default_root, judge, run_on_tree
 
 DOCUMENT = "ARCHITECTURE.md"
 SECTION = "## Layers"
@@ -33,9 +34,6 @@ QUOTED = re.compile(r"`([^`]+)`")
 # the only include of the repository's that may name a file not in the source tree.
 GENERATED = {"common/version.hpp": "common/version.hpp.in"}
 
-
-def default_root():
-    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
 def read_table(root):
@@ -181,26 +179,8 @@ def self_test():
         ("daemon/engines.hpp", 3, "cmd/x.cpp"),
         ("ARCHITECTURE.md", 11, "a Layers row"),
     }
-    with tempfile.TemporaryDirectory() as root:
-        for relative, text in tree.items():
-            path = os.path.join(root, relative)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(text)
-        problems, seen = check(root)
-    unmatched = [p for p in problems
-                 if not any(p[0] == f and p[1] == n and s in p[2] for f, n, s in expected)]
-    missed = [e for e in expected
-              if not any(p[0] == e[0] and p[1] == e[1] and e[2] in p[2] for p in problems)]
-    for problem in unmatched:
-        print("self-test: unexpected problem: %s:%d: %s" % problem)
-    for item in missed:
-        print("self-test: not reported: %s:%d: ...%s..." % item)
-    if unmatched or missed or seen != 13:
-        print("self-test: FAILED (%d includes seen, 13 expected)" % seen)
-        return 1
-    print("self-test: ok (%d problems found as expected)" % len(problems))
-    return 0
+    problems, seen = run_on_tree(tree, check)
+    return judge(problems, expected, seen, 13, "includes")
 
 
 def main():
