@@ -327,82 +327,91 @@ ChunkedDecoder::Status ChunkedDecoder::on_trailer_line() {
   return Status::kNeedMore;
 }
 
+ChunkedDecoder::Status ChunkedDecoder::on_size_byte(char c) {
+  const int digit = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+  if (digit >= 0) {
+    if (++size_digits_ > 16) return fail(400, "chunk size has more than 16 hex digits");
+    chunk_size_ = chunk_size_ * 16 + static_cast<std::uint64_t>(digit);
+  } else if (size_digits_ == 0) {
+    return fail(400, "chunk size is not a hexadecimal number");
+  } else if (c == ';' || c == ' ' || c == '\t') {
+    state_ = State::kExtension;
+  } else if (c == '\r') {
+    state_ = State::kSizeEnd;
+  } else {
+    return fail(400, "malformed chunk size");
+  }
+  return Status::kNeedMore;
+}
+
+ChunkedDecoder::Status ChunkedDecoder::on_extension_byte(char c) {
+  if (c == '\r') {
+    state_ = State::kSizeEnd;
+  } else if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) {
+    return fail(400, "a chunk extension holds a control byte");
+  } else if (++extension_bytes_ > 4096) {
+    return fail(400, "chunk extension longer than 4096 bytes");
+  }
+  return Status::kNeedMore;
+}
+
+// The CRLF after a chunk's data.
+ChunkedDecoder::Status ChunkedDecoder::on_data_end_byte(char c) {
+  if (c != (state_ == State::kDataCr ? '\r' : '\n')) {
+    return fail(400, "chunk data longer than its declared size");
+  }
+  state_ = state_ == State::kDataCr ? State::kDataLf : State::kSize;
+  return Status::kNeedMore;
+}
+
+ChunkedDecoder::Status ChunkedDecoder::on_trailer_byte(char c) {
+  if (c == '\n') return on_trailer_line();
+  if (++trailer_bytes_ > max_trailers_) {
+    return fail(431, "trailer fields longer than " + std::to_string(max_trailers_) + " bytes");
+  }
+  trailer_line_.push_back(c);
+  return Status::kNeedMore;
+}
+
+ChunkedDecoder::Status ChunkedDecoder::on_byte(char c) {
+  switch (state_) {
+    case State::kSize: return on_size_byte(c);
+    case State::kExtension: return on_extension_byte(c);
+    case State::kSizeEnd:
+      if (c != '\n') return fail(400, "a chunk size line does not end in CRLF");
+      return on_size_line_end();
+    case State::kDataCr:
+    case State::kDataLf: return on_data_end_byte(c);
+    case State::kTrailer: return on_trailer_byte(c);
+    case State::kData:
+    case State::kDone: break;
+  }
+  return Status::kNeedMore;
+}
+
+std::size_t ChunkedDecoder::take_data(std::string_view in, std::string& out) {
+  const auto take = static_cast<std::size_t>(std::min<std::uint64_t>(remaining_, in.size()));
+  out.append(in.data(), take);
+  remaining_ -= take;
+  decoded_ += take;
+  if (remaining_ == 0) state_ = State::kDataCr;
+  return take;
+}
+
 ChunkedDecoder::Status ChunkedDecoder::feed(std::string_view in, std::size_t& consumed,
                                             std::string& out) {
   consumed = 0;
   if (failed_) return Status::kError;
   std::size_t i = 0;
   while (i < in.size() && state_ != State::kDone) {
-    const char c = in[i];
-    Status status = Status::kNeedMore;
-    switch (state_) {
-      case State::kSize: {
-        const int digit = c >= '0' && c <= '9'   ? c - '0'
-                          : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                          : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                                 : -1;
-        if (digit >= 0) {
-          if (++size_digits_ > 16) return fail(400, "chunk size has more than 16 hex digits");
-          chunk_size_ = chunk_size_ * 16 + static_cast<std::uint64_t>(digit);
-        } else if (size_digits_ == 0) {
-          return fail(400, "chunk size is not a hexadecimal number");
-        } else if (c == ';' || c == ' ' || c == '\t') {
-          state_ = State::kExtension;
-        } else if (c == '\r') {
-          state_ = State::kSizeEnd;
-        } else {
-          return fail(400, "malformed chunk size");
-        }
-        ++i;
-        break;
-      }
-      case State::kExtension:
-        if (c == '\r') {
-          state_ = State::kSizeEnd;
-        } else if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) {
-          return fail(400, "a chunk extension holds a control byte");
-        } else if (++extension_bytes_ > 4096) {
-          return fail(400, "chunk extension longer than 4096 bytes");
-        }
-        ++i;
-        break;
-      case State::kSizeEnd:
-        if (c != '\n') return fail(400, "a chunk size line does not end in CRLF");
-        ++i;
-        status = on_size_line_end();
-        break;
-      case State::kData: {
-        const std::size_t take =
-            static_cast<std::size_t>(std::min<std::uint64_t>(remaining_, in.size() - i));
-        out.append(in.data() + i, take);
-        i += take;
-        remaining_ -= take;
-        decoded_ += take;
-        if (remaining_ == 0) state_ = State::kDataCr;
-        break;
-      }
-      case State::kDataCr:
-      case State::kDataLf:
-        if (c != (state_ == State::kDataCr ? '\r' : '\n')) {
-          return fail(400, "chunk data longer than its declared size");
-        }
-        state_ = state_ == State::kDataCr ? State::kDataLf : State::kSize;
-        ++i;
-        break;
-      case State::kTrailer:
-        ++i;
-        if (c == '\n') {
-          status = on_trailer_line();
-        } else if (++trailer_bytes_ > max_trailers_) {
-          return fail(431,
-                      "trailer fields longer than " + std::to_string(max_trailers_) + " bytes");
-        } else {
-          trailer_line_.push_back(c);
-        }
-        break;
-      case State::kDone: break;
+    if (state_ == State::kData) {
+      i += take_data(in.substr(i), out);
+      continue;
     }
-    if (status == Status::kError) return status;
+    if (on_byte(in[i++]) == Status::kError) return Status::kError;
   }
   consumed = i;
   return state_ == State::kDone ? Status::kDone : Status::kNeedMore;
