@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/util/cidr.hpp"
 #include "common/util/duration.hpp"
 
 namespace vllmd::http {
@@ -126,8 +127,7 @@ std::optional<TransportError> exchange(Poco::Net::HTTPClientSession& session,
 }  // namespace
 
 std::string Endpoint::url() const {
-  const bool ipv6 = host.find(':') != std::string::npos;
-  return scheme + "://" + (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port) + base_path;
+  return scheme + "://" + util::join_host_port(host, std::to_string(port)) + base_path;
 }
 
 tl::expected<Endpoint, std::string> parse_endpoint(std::string_view url) {

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/util/cidr.hpp"
 #include "common/util/log.hpp"
 #include "daemon/http/connection.hpp"
 #include "daemon/http/transport.hpp"
@@ -49,8 +50,7 @@ std::optional<util::IpAddress> peer_of(const sockaddr_storage& address) {
 }
 
 std::string address_text(const std::string& host, int port) {
-  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
-         std::to_string(port);
+  return util::join_host_port(host, std::to_string(port));
 }
 
 // A listening socket without SO_REUSEPORT: a second vllmd on the same port fails here rather
