@@ -1,12 +1,11 @@
 #include "common/engine/endpoints.hpp"
 
 #include "common/util/cidr.hpp"
+#include "common/util/fail.hpp"
 
 namespace vllmd::engine {
 
-namespace {
-tl::unexpected<std::string> fail(std::string message) { return tl::unexpected(std::move(message)); }
-}  // namespace
+using util::fail;
 
 tl::expected<Endpoint, std::string> parse_endpoint(std::string_view address) {
   Endpoint endpoint;
