@@ -14,6 +14,7 @@
 #include "common/engine/reference_core.hpp"
 #include "common/util/cidr.hpp"
 #include "common/util/log.hpp"
+#include "common/util/text.hpp"
 
 namespace vllmd::daemon {
 
@@ -479,22 +480,6 @@ Strings split_words(std::string_view text) {
   return words;
 }
 
-// "a, b,c" as {"a", "b", "c"}: blanks around items and empty items dropped.
-Strings split_commas(std::string_view text) {
-  Strings items;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    std::size_t end = text.find(',', start);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view item = text.substr(start, end - start);
-    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
-    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
-    if (!item.empty()) items.emplace_back(item);
-    start = end + 1;
-  }
-  return items;
-}
-
 tl::expected<Value, std::string> parse_bool(std::string_view text, Text form) {
   if (form == Text::kVllmBool && !text.empty() &&
       text.find_first_not_of("-0123456789") == std::string_view::npos) {
@@ -519,7 +504,10 @@ tl::expected<Value, std::string> parse_number(std::string_view text, std::string
 Strings parse_list(std::string_view text, Text form) {
   switch (form) {
     case Text::kOneItem: return Strings{std::string(text)};
-    case Text::kCommaList: return split_commas(text);
+    case Text::kCommaList: {
+      const std::vector<std::string_view> items = util::split_list(text);
+      return Strings(items.begin(), items.end());
+    }
     case Text::kPlain:
     case Text::kVllmBool: break;
   }

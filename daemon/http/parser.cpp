@@ -4,6 +4,8 @@
 #include <array>
 #include <optional>
 
+#include "common/util/text.hpp"
+
 namespace vllmd::daemon::http {
 
 namespace {
@@ -36,12 +38,6 @@ bool same_text(std::string_view a, std::string_view b) {
 
 bool starts_with_text(std::string_view text, std::string_view prefix) {
   return text.size() >= prefix.size() && same_text(text.substr(0, prefix.size()), prefix);
-}
-
-std::string_view trim(std::string_view text) {
-  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
-  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
-  return text;
 }
 
 // Which known field a name is, if any: by length first, so most names cost one compare.
@@ -97,24 +93,11 @@ tl::expected<Field, ParseError> parse_field(std::string_view line) {
                   "a header name is empty or holds a character not allowed there "
                   "(whitespace before the colon, a control byte, ...)");
   }
-  const std::string_view value = trim(line.substr(colon + 1));
+  const std::string_view value = util::trim_blanks(line.substr(colon + 1));
   if (!is_field_value(value)) {
     return refuse(400, "header " + std::string(name) + " holds a control byte");
   }
   return Field{name, value};
-}
-
-// Splits a comma-separated field value into its non-empty, trimmed elements.
-std::vector<std::string_view> list_elements(std::string_view value) {
-  std::vector<std::string_view> elements;
-  while (!value.empty()) {
-    const std::size_t comma = value.find(',');
-    const std::string_view element = trim(value.substr(0, comma));
-    if (!element.empty()) elements.push_back(element);
-    if (comma == std::string_view::npos) break;
-    value.remove_prefix(comma + 1);
-  }
-  return elements;
 }
 
 std::size_t skip_empty_lines(std::string_view bytes) {
@@ -171,7 +154,7 @@ tl::expected<void, ParseError> parse_transfer_encoding(RequestHead& head) {
   std::vector<std::string_view> codings;
   for (const Field& field : head.fields) {
     if (!same_text(field.name, "transfer-encoding")) continue;
-    for (const std::string_view coding : list_elements(field.value)) codings.push_back(coding);
+    for (const std::string_view coding : util::split_list(field.value)) codings.push_back(coding);
   }
   if (head.count(KnownField::kContentLength) > 0) {
     return refuse(400, "Content-Length together with Transfer-Encoding");
@@ -196,7 +179,7 @@ tl::expected<void, ParseError> parse_connection_facts(RequestHead& head) {
   if (head.count(KnownField::kConnection) == 0) return {};
   for (const Field& field : head.fields) {
     if (!same_text(field.name, "connection")) continue;
-    for (const std::string_view option : list_elements(field.value)) {
+    for (const std::string_view option : util::split_list(field.value)) {
       if (same_text(option, "close")) {
         head.keep_alive = false;
         return {};  // close wins
