@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/api/errors.hpp"
 #include "common/engine/reference_engine.hpp"
 #include "common/util/log.hpp"
 #include "common/wire/msgpack_to_json.hpp"
@@ -26,8 +27,6 @@ namespace {
 
 using vllmd::engine::ReceivedCall;
 using vllmd::engine::ReferenceEngineOptions;
-
-constexpr int kExitUsage = 64;  // EX_USAGE
 
 struct Flags {
   ReferenceEngineOptions options;
@@ -296,7 +295,7 @@ int run(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     app.exit(error);
-    return error.get_exit_code() == 0 ? 0 : kExitUsage;
+    return error.get_exit_code() == 0 ? 0 : vllmd::api::exit_code::kUsage;
   }
   std::unique_ptr<Recorder> recorder;
   if (!finish_options(flags, recorder)) return 1;

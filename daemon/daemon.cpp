@@ -29,9 +29,8 @@ namespace vllmd::daemon {
 
 namespace {
 
-constexpr int kExitConfig = 78;
-constexpr int kExitUsage = 64;
-constexpr int kExitUnavailable = 69;
+// Exit status (docs/product.md §3.4): the codes vllmctl uses too.
+namespace exit_code = api::exit_code;
 
 // Signals are handled by sigwait in the main thread; every other thread inherits the mask.
 sigset_t block_signals() {
@@ -166,7 +165,7 @@ api::ServiceOptions service_options(const Config& config) {
 std::optional<int> answer_without_serving(const tl::expected<Invocation, LoadError>& invocation) {
   if (!invocation) {
     std::fprintf(stderr, "vllmd: %s\n", invocation.error().error.line().c_str());
-    return invocation.error().usage ? kExitUsage : kExitConfig;
+    return invocation.error().usage ? exit_code::kUsage : exit_code::kConfig;
   }
   if (invocation->help) {
     std::cout << invocation->help_text;
@@ -258,10 +257,10 @@ class Daemon {
     } catch (const Poco::Exception& error) {
       log::error("server.tls_cert_file/server.tls_key_file: cannot use them: ",
                  error.displayText());
-      return kExitConfig;
+      return exit_code::kConfig;
     } catch (const std::exception& error) {
       std::fprintf(stderr, "vllmd: %s\n", error.what());
-      return kExitUnavailable;
+      return exit_code::kUnavailable;
     }
     return std::nullopt;
   }
@@ -270,7 +269,7 @@ class Daemon {
     auto engines = Engines::start(config_);
     if (!engines) {
       log::error("cannot start the engine link: ", engines.error());
-      return kExitUnavailable;
+      return exit_code::kUnavailable;
     }
     engines_ = std::move(*engines);
     // Validation of large bodies and reloads; nothing here waits for engines or clients.
