@@ -44,11 +44,6 @@ const TopLevelMember* Transcoded::find(std::string_view key) const {
 
 namespace {
 
-struct Failure {
-  std::size_t offset;
-  const char* message;
-};
-
 // A container whose header outgrew the bytes placed for it when moving its body was not worth
 // it: the final sweep inserts the missing bytes.
 struct Deferred {
@@ -239,7 +234,7 @@ class Transcoder {
  private:
   [[noreturn]] void fail(const char* message) const { fail_at(p_, message); }
   [[noreturn]] void fail_at(const char* where, const char* message) const {
-    throw Failure{static_cast<std::size_t>(where - begin_), message};
+    throw JsonError{static_cast<std::size_t>(where - begin_), message};
   }
 
   void skip_whitespace() {
@@ -660,8 +655,8 @@ tl::expected<Transcoded, JsonError> json_to_msgpack(std::string_view json,
   Transcoded result;
   try {
     Transcoder(json, limits, result).run();
-  } catch (const Failure& failure) {
-    return tl::unexpected(JsonError{failure.offset, failure.message});
+  } catch (JsonError& error) {
+    return tl::unexpected(std::move(error));
   }
   return result;
 }
