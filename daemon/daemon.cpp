@@ -11,6 +11,7 @@
 
 #include "common/api/errors.hpp"
 #include "common/util/cidr.hpp"
+#include "common/util/duration.hpp"
 #include "common/util/executor.hpp"
 #include "common/util/log.hpp"
 #include "common/version.hpp"
@@ -149,14 +150,11 @@ api::Response render_metrics(const Metrics& metrics, Engines& engines, const Htt
 }
 
 api::ServiceOptions service_options(const Config& config) {
-  const auto milliseconds = [](double seconds) {
-    return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
-  };
   api::ServiceOptions options;
-  options.lifecycle_timeout = milliseconds(config.call_timeout);
-  options.query_timeout = milliseconds(config.query_timeout);
+  options.lifecycle_timeout = milliseconds_of(config.call_timeout);
+  options.query_timeout = milliseconds_of(config.query_timeout);
   options.world_size_fallback = config.world_size;
-  options.session_idle_timeout = milliseconds(config.session_idle_timeout);
+  options.session_idle_timeout = milliseconds_of(config.session_idle_timeout);
   return options;
 }
 

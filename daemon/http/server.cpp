@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/util/cidr.hpp"
+#include "common/util/duration.hpp"
 #include "common/util/log.hpp"
 #include "daemon/http/connection.hpp"
 #include "daemon/http/transport.hpp"
@@ -484,7 +485,7 @@ void Server::stop_accepting() {
 }
 
 bool Server::wait_idle(double seconds) const {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+  const auto deadline = Clock::now() + milliseconds_of(seconds);
   while (impl_->open.load() > 0) {
     if (Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
