@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/api/errors.hpp"
 #include "common/reference/engine.hpp"
 #include "common/util/log.hpp"
 #include "common/wire/msgpack_to_json.hpp"
@@ -26,8 +27,6 @@ namespace {
 
 using vllmd::reference::ReceivedCall;
 using vllmd::reference::ReferenceEngineOptions;
-
-constexpr int kExitUsage = 64;  // EX_USAGE
 
 struct Flags {
   ReferenceEngineOptions options;
@@ -92,7 +91,7 @@ void add_parallel_size(CLI::App& app, const std::string& name, int& size, const 
   app.add_option(name, size, help)->type_name("N")->check(CLI::Range(1, 1024));
 }
 
-void define_flags(CLI::App& app, Flags& flags) {
+void define_engine_flags(CLI::App& app, Flags& flags) {
   ReferenceEngineOptions& options = flags.options;
   app.add_option("--handshake", options.handshake_address,
                  "Frontend handshake address (tcp://host:port or ipc:///path)")
@@ -138,62 +137,55 @@ void define_flags(CLI::App& app, Flags& flags) {
   app.add_option("--record", flags.record,
                  "Append one JSON line per received call (and the DP group) to FILE")
       ->type_name("FILE");
+}
 
-  const std::string faults = "Fault injection";
-  app.add_option("--inject-fail", flags.fail, "Reply with a failure to METHOD (repeatable)")
-      ->type_name("METHOD")
+constexpr const char* kFaults = "Fault injection";
+
+// A repeatable fault flag naming a method (METHOD) or a method and a time (METHOD=SECONDS).
+CLI::Option* add_fault_list(CLI::App& app, const std::string& name, std::vector<std::string>& list,
+                            const std::string& help, bool with_seconds = false) {
+  CLI::Option* option = app.add_option(name, list, help);
+  if (with_seconds) option->check(method_seconds());
+  return option->type_name(with_seconds ? "METHOD=SECONDS" : "METHOD")
       ->allow_extra_args(false)
-      ->group(faults);
-  app.add_option("--inject-fail-once", flags.fail_once,
-                 "Reply with a failure to the first call of METHOD only (repeatable)")
-      ->type_name("METHOD")
-      ->allow_extra_args(false)
-      ->group(faults);
-  app.add_option("--inject-delay", flags.delay,
-                 "Block the engine for SECONDS before serving METHOD: METHOD=SECONDS (repeatable)")
-      ->check(method_seconds())
-      ->type_name("METHOD=SECONDS")
-      ->allow_extra_args(false)
-      ->group(faults);
-  app.add_option("--inject-hold", flags.hold,
+      ->group(kFaults);
+}
+
+void define_fault_flags(CLI::App& app, Flags& flags) {
+  ReferenceEngineOptions& options = flags.options;
+  add_fault_list(app, "--inject-fail", flags.fail, "Reply with a failure to METHOD (repeatable)");
+  add_fault_list(app, "--inject-fail-once", flags.fail_once,
+                 "Reply with a failure to the first call of METHOD only (repeatable)");
+  add_fault_list(app, "--inject-delay", flags.delay,
+                 "Block the engine for SECONDS before serving METHOD: METHOD=SECONDS (repeatable)",
+                 true);
+  add_fault_list(app, "--inject-hold", flags.hold,
                  "Answer METHOD SECONDS after it arrived, serving other calls meanwhile: "
-                 "METHOD=SECONDS (repeatable)")
-      ->check(method_seconds())
-      ->type_name("METHOD=SECONDS")
-      ->allow_extra_args(false)
-      ->group(faults);
-  app.add_option("--inject-exit", flags.exit_silently,
-                 "Exit without replying to METHOD (repeatable)")
-      ->type_name("METHOD")
-      ->allow_extra_args(false)
-      ->group(faults);
-  app.add_option("--inject-garbage", flags.garbage,
-                 "Send malformed output frames before replying to METHOD (repeatable)")
-      ->type_name("METHOD")
-      ->allow_extra_args(false)
-      ->group(faults);
-  app.add_option("--inject-dead", flags.send_dead,
-                 "Send ENGINE_CORE_DEAD and exit on METHOD (repeatable)")
-      ->type_name("METHOD")
-      ->allow_extra_args(false)
-      ->group(faults);
+                 "METHOD=SECONDS (repeatable)",
+                 true);
+  add_fault_list(app, "--inject-exit", flags.exit_silently,
+                 "Exit without replying to METHOD (repeatable)");
+  add_fault_list(app, "--inject-garbage", flags.garbage,
+                 "Send malformed output frames before replying to METHOD (repeatable)");
+  add_fault_list(app, "--inject-dead", flags.send_dead,
+                 "Send ENGINE_CORE_DEAD and exit on METHOD (repeatable)");
   app.add_option("--reply-fields", options.faults.reply_fields,
                  "EngineCoreOutputs length: 8 (as msgspec writes it) or 5")
       ->type_name("5|8")
       ->check(CLI::IsMember({5, 8}))
       ->capture_default_str()
-      ->group(faults);
+      ->group(kFaults);
   app.add_flag("--empty-registration", options.faults.empty_registration,
                "Send an empty registration frame, as older engines do")
-      ->group(faults);
+      ->group(kFaults);
   app.add_flag("--ready-first", options.faults.ready_before_registration,
                "Send READY before the registration frame")
-      ->group(faults);
+      ->group(kFaults);
   app.add_option("--delay-ready", flags.delay_ready,
                  "Wait SECONDS after INIT before registering and sending READY (a model load)")
       ->type_name("SECONDS")
       ->check(CLI::Range(0.0, 86400.0))
-      ->group(faults);
+      ->group(kFaults);
 }
 
 // Appends each received call to a file as one JSON line (and the DP group, once formed),
@@ -297,12 +289,13 @@ int run(int argc, char** argv) {
 
   CLI::App app{"vLLM reference engine: serves vLLM's engine-core protocol for tests"};
   Flags flags;
-  define_flags(app, flags);
+  define_engine_flags(app, flags);
+  define_fault_flags(app, flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     app.exit(error);
-    return error.get_exit_code() == 0 ? 0 : kExitUsage;
+    return error.get_exit_code() == 0 ? 0 : vllmd::api::exit_code::kUsage;
   }
   std::unique_ptr<Recorder> recorder;
   if (!finish_options(flags, recorder)) return 1;

@@ -2,17 +2,19 @@
 
 #include <toml++/toml.h>
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
+#include <iterator>
 #include <sstream>
 #include <variant>
 
 #include "common/reference/core.hpp"
 #include "common/util/cidr.hpp"
 #include "common/util/log.hpp"
+#include "common/util/text.hpp"
 
 namespace vllmd::daemon {
 
@@ -51,308 +53,404 @@ using Strings = std::vector<std::string>;
 using Value = std::variant<bool, std::int64_t, double, std::string, Strings>;
 enum class Kind { kBool, kInt, kDouble, kString, kStrings };
 
-struct Setting {
-  std::string_view key;   // TOML key, "section.name"
-  std::string_view flag;  // command-line flag, or empty
-  std::string_view env;   // environment variable, or empty
-  Kind kind;
-  std::string_view help;
-  // Stores a value, or says what is wrong with it.
-  std::function<std::optional<std::string>(Config&, const Value&)> set;
-  std::function<Value(const Config&)> get;
+// One visitor of several lambdas.
+template <typename... Fs> struct Overloaded : Fs... { using Fs::operator()...; };
+template <typename... Fs> Overloaded(Fs...) -> Overloaded<Fs...>;
+
+// The Config member a setting stores. Its type gives the setting's kind; the engine mode is
+// stored by name.
+using Member = std::variant<bool Config::*, int Config::*, std::int64_t Config::*, double Config::*,
+                            std::string Config::*, Strings Config::*, EngineMode Config::*>;
+
+// What a setting's value must be. Each check is one problem() below, with its message.
+struct Anything {};
+struct IntRange {
+  std::int64_t min;
+  std::int64_t max;
+};
+struct NonEmpty {};
+struct PositiveSeconds {};
+struct NonNegativeSeconds {};
+struct Accepted {  // a string `accepts` takes; otherwise `message`
+  bool (*accepts)(std::string_view);
+  std::string_view message;
+};
+struct NoEmptyItem {  // a list without an empty string; otherwise `message`
+  std::string_view message;
+};
+struct CidrBlocks {};       // a list of CIDR blocks
+struct HostPortOrEmpty {};  // parse_data_parallel_master's HOST:PORT, or empty for none
+using Check = std::variant<Anything, IntRange, NonEmpty, PositiveSeconds, NonNegativeSeconds,
+                           Accepted, NoEmptyItem, CidrBlocks, HostPortOrEmpty>;
+
+// How a flag's or variable's text reads (a TOML value has its type already).
+enum class Text {
+  kPlain,      // a scalar as it is; a list as shell-like words
+  kOneItem,    // a list of one item, the whole text
+  kCommaList,  // a list separated by commas, blanks around items dropped; its flag repeats
+  kVllmBool,   // a boolean word, or an integer that is on when nonzero (as vLLM reads it)
 };
 
-template <typename T> const T& as(const Value& value) { return std::get<T>(value); }
+struct Setting {
+  std::string_view key;        // TOML key, "section.name"
+  std::string_view flag = {};  // command-line flag, or empty
+  std::string_view env = {};   // environment variable, or empty
+  std::string_view help;
+  Member member;
+  Check check = Anything{};
+  Text text = Text::kPlain;
+  bool secret = false;  // --print-config shows "<redacted>" for each item
+};
 
-std::optional<std::string> in_range(std::int64_t value, std::int64_t low, std::int64_t high) {
-  if (value < low || value > high) {
-    return "must be between " + std::to_string(low) + " and " + std::to_string(high);
+bool is_zmq_address(std::string_view text) {
+  return text.starts_with("tcp://") || text.starts_with("ipc://");
+}
+
+bool is_backend(std::string_view text) {
+  reference::Backend parsed;
+  return reference::parse_backend(text, parsed);
+}
+
+bool is_log_level(std::string_view text) {
+  log::Level level;
+  return log::parse_level(text, level);
+}
+
+// The settings table. Flags and variables are part of the interface (docs/product.md §3.3).
+constexpr Setting kSettings[] = {
+    {.key = "server.host",
+     .flag = "--host",
+     .env = "VLLMD_HOST",
+     .help = "address to listen on",
+     .member = &Config::host,
+     .check = NonEmpty{}},
+    {.key = "server.port",
+     .flag = "--port",
+     .env = "VLLMD_PORT",
+     .help = "TCP port (0 picks a free one)",
+     .member = &Config::port,
+     .check = IntRange{0, 65535}},
+    {.key = "server.dev_mode",
+     .flag = "--dev-mode",
+     .env = "VLLM_SERVER_DEV_MODE",
+     .help = "serve the weight-sync routes (off: they answer 404)",
+     .member = &Config::dev_mode,
+     .text = Text::kVllmBool},
+    {.key = "server.threads",
+     .env = "VLLMD_THREADS",
+     .help = "threads that validate large request bodies and run reloads (never waiting for "
+             "engines)",
+     .member = &Config::threads,
+     .check = IntRange{1, 1024}},
+    {.key = "server.max_queued",
+     .env = "VLLMD_MAX_QUEUED",
+     .help = "large requests waiting for one of server.threads (503 beyond)",
+     .member = &Config::max_queued,
+     .check = IntRange{1, 100000}},
+    {.key = "server.max_connections",
+     .env = "VLLMD_MAX_CONNECTIONS",
+     .help = "open connections, idle ones included (closed with 503 beyond)",
+     .member = &Config::max_connections,
+     .check = IntRange{1, 1000000}},
+    {.key = "server.max_header_bytes",
+     .env = "VLLMD_MAX_HEADER_BYTES",
+     .help = "largest request line plus headers (431 beyond)",
+     .member = &Config::max_header_bytes,
+     .check = IntRange{1024, 1 << 20}},
+    {.key = "server.tls_cert_file",
+     .flag = "--tls-cert-file",
+     .env = "VLLMD_TLS_CERT_FILE",
+     .help = "PEM certificate (chain) for HTTPS; with server.tls_key_file",
+     .member = &Config::tls_cert_file},
+    {.key = "server.tls_key_file",
+     .flag = "--tls-key-file",
+     .env = "VLLMD_TLS_KEY_FILE",
+     .help = "PEM private key for HTTPS; with server.tls_cert_file",
+     .member = &Config::tls_key_file},
+    {.key = "server.timeout",
+     .env = "VLLMD_TIMEOUT",
+     .help = "seconds a client may stall mid-request",
+     .member = &Config::timeout,
+     .check = PositiveSeconds{}},
+    {.key = "server.keep_alive_timeout",
+     .env = "VLLMD_KEEP_ALIVE_TIMEOUT",
+     .help = "seconds an idle keep-alive connection is kept",
+     .member = &Config::keep_alive_timeout,
+     .check = PositiveSeconds{}},
+    {.key = "server.drain_timeout",
+     .env = "VLLMD_DRAIN_TIMEOUT",
+     .help = "seconds requests in flight at shutdown may take before they fail with 503",
+     .member = &Config::drain_timeout,
+     .check = PositiveSeconds{}},
+    {.key = "server.session_idle_timeout",
+     .env = "VLLMD_SESSION_IDLE_TIMEOUT",
+     .help = "seconds an owned weight-update session may sit idle before any client may continue "
+             "it",
+     .member = &Config::session_idle_timeout,
+     .check = PositiveSeconds{}},
+    {.key = "server.max_body_bytes",
+     .flag = "--max-body-bytes",
+     .env = "VLLMD_MAX_BODY_BYTES",
+     .help = "largest request body accepted (413 beyond)",
+     .member = &Config::max_body_bytes,
+     .check = IntRange{1, std::int64_t{1} << 40}},
+    {.key = "server.api_keys",
+     .flag = "--api-key",
+     .env = "VLLM_API_KEY",
+     .help = "bearer tokens accepted (several allow rotation)",
+     .member = &Config::api_keys,
+     .check = NoEmptyItem{"keys must not be empty"},
+     .text = Text::kOneItem,
+     .secret = true},
+    {.key = "server.api_key_file",
+     .flag = "--api-key-file",
+     .env = "VLLMD_API_KEY_FILE",
+     .help = "file with one bearer token per line",
+     .member = &Config::api_key_file},
+    {.key = "server.port_file",
+     .flag = "--port-file",
+     .env = "VLLMD_PORT_FILE",
+     .help = "write the bound port here once listening",
+     .member = &Config::port_file},
+    {.key = "server.allowlist",
+     .flag = "--allow",
+     .env = "VLLMD_ALLOWLIST",
+     .help = "CIDR block of peers allowed on every route but /health (repeatable or "
+             "comma-separated)",
+     .member = &Config::allowlist,
+     .check = CidrBlocks{},
+     .text = Text::kCommaList},
+    {.key = "server.insecure_dev_mode",
+     .flag = "--insecure-dev-mode",
+     .env = "VLLMD_INSECURE_DEV_MODE",
+     .help = "allow dev mode on a non-loopback address without API keys or an allowlist",
+     .member = &Config::insecure_dev_mode},
+    {.key = "engine.mode",
+     .flag = "--engine",
+     .env = "VLLMD_ENGINE",
+     .help = "embedded|external|managed",
+     .member = &Config::mode},
+    {.key = "engine.handshake_address",
+     .flag = "--handshake-address",
+     .env = "VLLMD_HANDSHAKE_ADDRESS",
+     .help = "where engines connect: tcp://host:port or ipc:///path",
+     .member = &Config::handshake_address,
+     .check = Accepted{is_zmq_address, "must start with tcp:// or ipc://"}},
+    {.key = "engine.advertised_host",
+     .env = "VLLMD_ADVERTISED_HOST",
+     .help = "host engines use to reach this machine (when binding all interfaces)",
+     .member = &Config::advertised_host},
+    {.key = "engine.data_parallel_size",
+     .flag = "--data-parallel-size",
+     .env = "VLLMD_DATA_PARALLEL_SIZE",
+     .help = "number of engines (DP ranks)",
+     .member = &Config::data_parallel_size,
+     .check = IntRange{1, 65536}},
+    {.key = "engine.data_parallel_master",
+     .flag = "--data-parallel-master",
+     .env = "VLLMD_DATA_PARALLEL_MASTER",
+     .help = "coordinated (MoE) DP: HOST:PORT where the ranks form their DP group",
+     .member = &Config::data_parallel_master,
+     .check = HostPortOrEmpty{}},
+    {.key = "engine.command",
+     .flag = "--engine-command",
+     .env = "VLLMD_ENGINE_COMMAND",
+     .help = "managed mode: engine argv; {handshake_address}, {handshake_host}, {handshake_port} "
+             "filled in",
+     .member = &Config::command},
+    {.key = "engine.call_timeout",
+     .flag = "--call-timeout",
+     .env = "VLLMD_CALL_TIMEOUT",
+     .help = "seconds a weight-sync call may take in the engines",
+     .member = &Config::call_timeout,
+     .check = PositiveSeconds{}},
+    {.key = "engine.query_timeout",
+     .env = "VLLMD_QUERY_TIMEOUT",
+     .help = "seconds a version or pause query may take",
+     .member = &Config::query_timeout,
+     .check = PositiveSeconds{}},
+    {.key = "engine.startup_timeout",
+     .flag = "--engine-startup-timeout",
+     .env = "VLLMD_ENGINE_STARTUP_TIMEOUT",
+     .help = "seconds from HELLO to READY (the model load) before an engine reads as dead "
+             "(a later READY is still admitted); 0: no limit",
+     .member = &Config::startup_timeout,
+     .check = NonNegativeSeconds{}},
+    {.key = "engine.probe_interval",
+     .env = "VLLMD_ENGINE_PROBE_INTERVAL",
+     .help = "seconds between liveness probes of an idle engine; 0: none",
+     .member = &Config::probe_interval,
+     .check = NonNegativeSeconds{}},
+    {.key = "engine.world_size",
+     .env = "VLLMD_WORLD_SIZE",
+     .help = "world size per engine when its registration is empty",
+     .member = &Config::world_size,
+     .check = IntRange{1, 1 << 20}},
+    {.key = "engine.backend",
+     .env = "VLLMD_BACKEND",
+     .help = "embedded engine's weight transfer backend: nccl|ipc|none",
+     .member = &Config::backend,
+     .check = Accepted{is_backend, "must be nccl, ipc or none"}},
+    {.key = "engine.tensor_parallel_size",
+     .env = "VLLMD_TENSOR_PARALLEL_SIZE",
+     .help = "embedded engine's TP workers",
+     .member = &Config::tensor_parallel_size,
+     .check = IntRange{1, 1024}},
+    {.key = "log.level",
+     .flag = "--log-level",
+     .env = "VLLMD_LOG_LEVEL",
+     .help = "trace|debug|info|notice|warning|error",
+     .member = &Config::log_level,
+     .check = Accepted{is_log_level, "must be trace, debug, info, notice, warning or error"}},
+};
+
+constexpr Kind kind_of(const Setting& setting) {
+  return std::visit(Overloaded{[](bool Config::*) { return Kind::kBool; },
+                               [](int Config::*) { return Kind::kInt; },
+                               [](std::int64_t Config::*) { return Kind::kInt; },
+                               [](double Config::*) { return Kind::kDouble; },
+                               [](std::string Config::*) { return Kind::kString; },
+                               [](Strings Config::*) { return Kind::kStrings; },
+                               [](EngineMode Config::*) { return Kind::kString; }},
+                    setting.member);
+}
+
+// Each check reads the value as the kind it is for, and each text form is for one kind: a row
+// that mixes them up does not compile.
+constexpr bool consistent(const Setting& setting) {
+  const Kind kind = kind_of(setting);
+  const auto needs = [kind](Kind wanted) { return kind == wanted; };
+  const bool check_fits = std::visit(
+      Overloaded{[](Anything) { return true; }, [&](IntRange) { return needs(Kind::kInt); },
+                 [&](PositiveSeconds) { return needs(Kind::kDouble); },
+                 [&](NonNegativeSeconds) { return needs(Kind::kDouble); },
+                 [&](NonEmpty) { return needs(Kind::kString); },
+                 [&](Accepted) { return needs(Kind::kString); },
+                 [&](HostPortOrEmpty) { return needs(Kind::kString); },
+                 [&](NoEmptyItem) { return needs(Kind::kStrings); },
+                 [&](CidrBlocks) { return needs(Kind::kStrings); }},
+      setting.check);
+  const bool text_fits =
+      setting.text == Text::kPlain ||
+      (setting.text == Text::kVllmBool ? needs(Kind::kBool) : needs(Kind::kStrings));
+  return check_fits && text_fits && (!setting.secret || needs(Kind::kStrings));
+}
+static_assert(std::all_of(std::begin(kSettings), std::end(kSettings), consistent));
+
+// The checks: what is wrong with a value, if anything.
+std::optional<std::string> problem(Anything, const Value&, std::string_view) {
+  return std::nullopt;
+}
+
+std::optional<std::string> problem(IntRange range, const Value& value, std::string_view) {
+  const std::int64_t number = std::get<std::int64_t>(value);
+  if (number < range.min || number > range.max) {
+    return "must be between " + std::to_string(range.min) + " and " + std::to_string(range.max);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> problem(NonEmpty, const Value& value, std::string_view) {
+  if (std::get<std::string>(value).empty()) return "must not be empty";
+  return std::nullopt;
+}
+
+std::optional<std::string> problem(PositiveSeconds, const Value& value, std::string_view) {
+  if (!(std::get<double>(value) > 0)) return std::string("must be a positive number of seconds");
+  return std::nullopt;
+}
+
+std::optional<std::string> problem(NonNegativeSeconds, const Value& value, std::string_view) {
+  if (!(std::get<double>(value) >= 0)) {
+    return std::string("must be 0 (none) or a positive number of seconds");
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> problem(Accepted accepted, const Value& value, std::string_view) {
+  if (!accepted.accepts(std::get<std::string>(value))) return std::string(accepted.message);
+  return std::nullopt;
+}
+
+std::optional<std::string> problem(NoEmptyItem check, const Value& value, std::string_view) {
+  for (const std::string& item : std::get<Strings>(value)) {
+    if (item.empty()) return std::string(check.message);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> problem(CidrBlocks, const Value& value, std::string_view key) {
+  for (const std::string& block : std::get<Strings>(value)) {
+    if (auto parsed = util::Cidr::parse(block); !parsed) {
+      return "invalid " + std::string(key) + " entry: " + parsed.error();
+    }
   }
   return std::nullopt;
 }
 
 // "host:port" with room for the four ports after it (vLLM's port list).
-std::optional<std::string> data_parallel_master_error(const std::string& text) {
-  const auto endpoint = parse_data_parallel_master(text);
-  if (!endpoint) return "expected HOST:PORT (PORT 1 to 65531), got '" + text + "'";
-  return std::nullopt;
+std::optional<std::string> problem(HostPortOrEmpty, const Value& value, std::string_view) {
+  const std::string& text = std::get<std::string>(value);
+  if (text.empty() || parse_data_parallel_master(text)) return std::nullopt;
+  return "expected HOST:PORT (PORT 1 to 65531), got '" + text + "'";
 }
 
-std::optional<std::string> positive(double value) {
-  if (!(value > 0)) return std::string("must be a positive number of seconds");
-  return std::nullopt;
+// The engine mode, by name. Naming one (even a wrong one) keeps finish() from inferring it.
+std::optional<std::string> store_mode(Config& config, EngineMode Config::*member,
+                                      const std::string& name) {
+  config.mode_set = true;
+  for (const EngineMode mode :
+       {EngineMode::kEmbedded, EngineMode::kExternal, EngineMode::kManaged}) {
+    if (name == mode_name(mode)) {
+      config.*member = mode;
+      return std::nullopt;
+    }
+  }
+  return "must be embedded, external or managed, got '" + name + "'";
 }
 
-std::optional<std::string> non_negative(double value) {
-  if (!(value >= 0)) return std::string("must be 0 (none) or a positive number of seconds");
-  return std::nullopt;
+// Stores a value of the setting's kind in its member, or says what is wrong with it.
+std::optional<std::string> store(Config& config, const Setting& setting, const Value& value) {
+  auto stored =
+      std::visit(Overloaded{[&](int Config::*member) -> std::optional<std::string> {
+                              config.*member = static_cast<int>(std::get<std::int64_t>(value));
+                              return std::nullopt;
+                            },
+                            [&](EngineMode Config::*member) {
+                              return store_mode(config, member, std::get<std::string>(value));
+                            },
+                            [&](auto member) -> std::optional<std::string> {
+                              using T = std::remove_reference_t<decltype(config.*member)>;
+                              config.*member = std::get<T>(value);
+                              return std::nullopt;
+                            }},
+                 setting.member);
+  if (stored) return stored;
+  return std::visit([&](const auto& check) { return problem(check, value, setting.key); },
+                    setting.check);
 }
 
-// The settings table. Flags and variables are part of the interface (docs/product.md §3.3).
-const std::vector<Setting>& settings() {
-  static const std::vector<Setting> table = {
-      {"server.host", "--host", "VLLMD_HOST", Kind::kString, "address to listen on",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.host = as<std::string>(v);
-         if (c.host.empty()) return "must not be empty";
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.host; }},
-      {"server.port", "--port", "VLLMD_PORT", Kind::kInt, "TCP port (0 picks a free one)",
-       [](Config& c, const Value& v) {
-         c.port = static_cast<int>(as<std::int64_t>(v));
-         return in_range(as<std::int64_t>(v), 0, 65535);
-       },
-       [](const Config& c) -> Value { return std::int64_t{c.port}; }},
-      {"server.dev_mode", "--dev-mode", "VLLM_SERVER_DEV_MODE", Kind::kBool,
-       "serve the weight-sync routes (off: they answer 404)",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.dev_mode = as<bool>(v);
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.dev_mode; }},
-      {"server.threads", "", "VLLMD_THREADS", Kind::kInt,
-       "threads that validate large request bodies and run reloads (never waiting for engines)",
-       [](Config& c, const Value& v) {
-         c.threads = static_cast<int>(as<std::int64_t>(v));
-         return in_range(as<std::int64_t>(v), 1, 1024);
-       },
-       [](const Config& c) -> Value { return std::int64_t{c.threads}; }},
-      {"server.max_queued", "", "VLLMD_MAX_QUEUED", Kind::kInt,
-       "large requests waiting for one of server.threads (503 beyond)",
-       [](Config& c, const Value& v) {
-         c.max_queued = static_cast<int>(as<std::int64_t>(v));
-         return in_range(as<std::int64_t>(v), 1, 100000);
-       },
-       [](const Config& c) -> Value { return std::int64_t{c.max_queued}; }},
-      {"server.max_connections", "", "VLLMD_MAX_CONNECTIONS", Kind::kInt,
-       "open connections, idle ones included (closed with 503 beyond)",
-       [](Config& c, const Value& v) {
-         c.max_connections = static_cast<int>(as<std::int64_t>(v));
-         return in_range(as<std::int64_t>(v), 1, 1000000);
-       },
-       [](const Config& c) -> Value { return std::int64_t{c.max_connections}; }},
-      {"server.max_header_bytes", "", "VLLMD_MAX_HEADER_BYTES", Kind::kInt,
-       "largest request line plus headers (431 beyond)",
-       [](Config& c, const Value& v) {
-         c.max_header_bytes = static_cast<int>(as<std::int64_t>(v));
-         return in_range(as<std::int64_t>(v), 1024, 1 << 20);
-       },
-       [](const Config& c) -> Value { return std::int64_t{c.max_header_bytes}; }},
-      {"server.tls_cert_file", "--tls-cert-file", "VLLMD_TLS_CERT_FILE", Kind::kString,
-       "PEM certificate (chain) for HTTPS; with server.tls_key_file",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.tls_cert_file = as<std::string>(v);
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.tls_cert_file; }},
-      {"server.tls_key_file", "--tls-key-file", "VLLMD_TLS_KEY_FILE", Kind::kString,
-       "PEM private key for HTTPS; with server.tls_cert_file",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.tls_key_file = as<std::string>(v);
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.tls_key_file; }},
-      {"server.timeout", "", "VLLMD_TIMEOUT", Kind::kDouble,
-       "seconds a client may stall mid-request",
-       [](Config& c, const Value& v) {
-         c.timeout = as<double>(v);
-         return positive(c.timeout);
-       },
-       [](const Config& c) -> Value { return c.timeout; }},
-      {"server.keep_alive_timeout", "", "VLLMD_KEEP_ALIVE_TIMEOUT", Kind::kDouble,
-       "seconds an idle keep-alive connection is kept",
-       [](Config& c, const Value& v) {
-         c.keep_alive_timeout = as<double>(v);
-         return positive(c.keep_alive_timeout);
-       },
-       [](const Config& c) -> Value { return c.keep_alive_timeout; }},
-      {"server.drain_timeout", "", "VLLMD_DRAIN_TIMEOUT", Kind::kDouble,
-       "seconds requests in flight at shutdown may take before they fail with 503",
-       [](Config& c, const Value& v) {
-         c.drain_timeout = as<double>(v);
-         return positive(c.drain_timeout);
-       },
-       [](const Config& c) -> Value { return c.drain_timeout; }},
-      {"server.session_idle_timeout", "", "VLLMD_SESSION_IDLE_TIMEOUT", Kind::kDouble,
-       "seconds an owned weight-update session may sit idle before any client may continue it",
-       [](Config& c, const Value& v) {
-         c.session_idle_timeout = as<double>(v);
-         return positive(c.session_idle_timeout);
-       },
-       [](const Config& c) -> Value { return c.session_idle_timeout; }},
-      {"server.max_body_bytes", "--max-body-bytes", "VLLMD_MAX_BODY_BYTES", Kind::kInt,
-       "largest request body accepted (413 beyond)",
-       [](Config& c, const Value& v) {
-         c.max_body_bytes = as<std::int64_t>(v);
-         return in_range(c.max_body_bytes, 1, std::int64_t{1} << 40);
-       },
-       [](const Config& c) -> Value { return c.max_body_bytes; }},
-      {"server.api_keys", "--api-key", "VLLM_API_KEY", Kind::kStrings,
-       "bearer tokens accepted (several allow rotation)",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.api_keys = as<Strings>(v);
-         for (const std::string& key : c.api_keys) {
-           if (key.empty()) return "keys must not be empty";
-         }
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return Strings(c.api_keys.size(), "<redacted>"); }},
-      {"server.api_key_file", "--api-key-file", "VLLMD_API_KEY_FILE", Kind::kString,
-       "file with one bearer token per line",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.api_key_file = as<std::string>(v);
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.api_key_file; }},
-      {"server.port_file", "--port-file", "VLLMD_PORT_FILE", Kind::kString,
-       "write the bound port here once listening",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.port_file = as<std::string>(v);
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.port_file; }},
-      {"server.allowlist", "--allow", "VLLMD_ALLOWLIST", Kind::kStrings,
-       "CIDR block of peers allowed on every route but /health (repeatable or comma-separated)",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.allowlist = as<Strings>(v);
-         for (const std::string& block : c.allowlist) {
-           if (auto parsed = util::Cidr::parse(block); !parsed) {
-             return "invalid server.allowlist entry: " + parsed.error();
-           }
-         }
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.allowlist; }},
-      {"server.insecure_dev_mode", "--insecure-dev-mode", "VLLMD_INSECURE_DEV_MODE", Kind::kBool,
-       "allow dev mode on a non-loopback address without API keys or an allowlist",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.insecure_dev_mode = as<bool>(v);
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.insecure_dev_mode; }},
-      {"engine.mode", "--engine", "VLLMD_ENGINE", Kind::kString, "embedded|external|managed",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         const std::string& mode = as<std::string>(v);
-         c.mode_set = true;
-         if (mode == "embedded")
-           c.mode = EngineMode::kEmbedded;
-         else if (mode == "external")
-           c.mode = EngineMode::kExternal;
-         else if (mode == "managed")
-           c.mode = EngineMode::kManaged;
-         else
-           return "must be embedded, external or managed, got '" + mode + "'";
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return std::string(mode_name(c.mode)); }},
-      {"engine.handshake_address", "--handshake-address", "VLLMD_HANDSHAKE_ADDRESS", Kind::kString,
-       "where engines connect: tcp://host:port or ipc:///path",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.handshake_address = as<std::string>(v);
-         if (!c.handshake_address.starts_with("tcp://") &&
-             !c.handshake_address.starts_with("ipc://")) {
-           return "must start with tcp:// or ipc://";
-         }
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.handshake_address; }},
-      {"engine.advertised_host", "", "VLLMD_ADVERTISED_HOST", Kind::kString,
-       "host engines use to reach this machine (when binding all interfaces)",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.advertised_host = as<std::string>(v);
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.advertised_host; }},
-      {"engine.data_parallel_size", "--data-parallel-size", "VLLMD_DATA_PARALLEL_SIZE", Kind::kInt,
-       "number of engines (DP ranks)",
-       [](Config& c, const Value& v) {
-         c.data_parallel_size = static_cast<int>(as<std::int64_t>(v));
-         return in_range(as<std::int64_t>(v), 1, 65536);
-       },
-       [](const Config& c) -> Value { return std::int64_t{c.data_parallel_size}; }},
-      {"engine.data_parallel_master", "--data-parallel-master", "VLLMD_DATA_PARALLEL_MASTER",
-       Kind::kString, "coordinated (MoE) DP: HOST:PORT where the ranks form their DP group",
-       [](Config& c, const Value& v) {
-         c.data_parallel_master = as<std::string>(v);
-         return c.data_parallel_master.empty() ? std::nullopt
-                                               : data_parallel_master_error(c.data_parallel_master);
-       },
-       [](const Config& c) -> Value { return c.data_parallel_master; }},
-      {"engine.command", "--engine-command", "VLLMD_ENGINE_COMMAND", Kind::kStrings,
-       "managed mode: engine argv; {handshake_address}, {handshake_host}, {handshake_port} filled "
-       "in",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.command = as<Strings>(v);
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.command; }},
-      {"engine.call_timeout", "--call-timeout", "VLLMD_CALL_TIMEOUT", Kind::kDouble,
-       "seconds a weight-sync call may take in the engines",
-       [](Config& c, const Value& v) {
-         c.call_timeout = as<double>(v);
-         return positive(c.call_timeout);
-       },
-       [](const Config& c) -> Value { return c.call_timeout; }},
-      {"engine.query_timeout", "", "VLLMD_QUERY_TIMEOUT", Kind::kDouble,
-       "seconds a version or pause query may take",
-       [](Config& c, const Value& v) {
-         c.query_timeout = as<double>(v);
-         return positive(c.query_timeout);
-       },
-       [](const Config& c) -> Value { return c.query_timeout; }},
-      {"engine.startup_timeout", "--engine-startup-timeout", "VLLMD_ENGINE_STARTUP_TIMEOUT",
-       Kind::kDouble,
-       "seconds from HELLO to READY (the model load) before an engine reads as dead "
-       "(a later READY is still admitted); 0: no limit",
-       [](Config& c, const Value& v) {
-         c.startup_timeout = as<double>(v);
-         return non_negative(c.startup_timeout);
-       },
-       [](const Config& c) -> Value { return c.startup_timeout; }},
-      {"engine.probe_interval", "", "VLLMD_ENGINE_PROBE_INTERVAL", Kind::kDouble,
-       "seconds between liveness probes of an idle engine; 0: none",
-       [](Config& c, const Value& v) {
-         c.probe_interval = as<double>(v);
-         return non_negative(c.probe_interval);
-       },
-       [](const Config& c) -> Value { return c.probe_interval; }},
-      {"engine.world_size", "", "VLLMD_WORLD_SIZE", Kind::kInt,
-       "world size per engine when its registration is empty",
-       [](Config& c, const Value& v) {
-         c.world_size = as<std::int64_t>(v);
-         return in_range(c.world_size, 1, 1 << 20);
-       },
-       [](const Config& c) -> Value { return c.world_size; }},
-      {"engine.backend", "", "VLLMD_BACKEND", Kind::kString,
-       "embedded engine's weight transfer backend: nccl|ipc|none",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.backend = as<std::string>(v);
-         reference::Backend parsed;
-         if (!reference::parse_backend(c.backend, parsed)) return "must be nccl, ipc or none";
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.backend; }},
-      {"engine.tensor_parallel_size", "", "VLLMD_TENSOR_PARALLEL_SIZE", Kind::kInt,
-       "embedded engine's TP workers",
-       [](Config& c, const Value& v) {
-         c.tensor_parallel_size = static_cast<int>(as<std::int64_t>(v));
-         return in_range(as<std::int64_t>(v), 1, 1024);
-       },
-       [](const Config& c) -> Value { return std::int64_t{c.tensor_parallel_size}; }},
-      {"log.level", "--log-level", "VLLMD_LOG_LEVEL", Kind::kString,
-       "trace|debug|info|notice|warning|error",
-       [](Config& c, const Value& v) -> std::optional<std::string> {
-         c.log_level = as<std::string>(v);
-         log::Level level;
-         if (!log::parse_level(c.log_level, level)) {
-           return "must be trace, debug, info, notice, warning or error";
-         }
-         return std::nullopt;
-       },
-       [](const Config& c) -> Value { return c.log_level; }},
-  };
-  return table;
+// A setting's value as --print-config shows it.
+Value shown(const Config& config, const Setting& setting) {
+  return std::visit(
+      Overloaded{[&](int Config::*member) -> Value { return std::int64_t{config.*member}; },
+                 [&](EngineMode Config::*member) -> Value {
+                   return std::string(mode_name(config.*member));
+                 },
+                 [&](Strings Config::*member) -> Value {
+                   const Strings& items = config.*member;
+                   if (setting.secret) return Strings(items.size(), "<redacted>");
+                   return items;
+                 },
+                 [&](auto member) -> Value { return config.*member; }},
+      setting.member);
+}
+
+const Setting* find_setting(std::string_view key) {
+  for (const Setting& setting : kSettings) {
+    if (setting.key == key) return &setting;
+  }
+  return nullptr;
 }
 
 Strings split_words(std::string_view text) {
@@ -382,60 +480,54 @@ Strings split_words(std::string_view text) {
   return words;
 }
 
+tl::expected<Value, std::string> parse_bool(std::string_view text, Text form) {
+  if (form == Text::kVllmBool && !text.empty() &&
+      text.find_first_not_of("-0123456789") == std::string_view::npos) {
+    return Value(std::strtoll(std::string(text).c_str(), nullptr, 10) != 0);  // as vLLM
+  }
+  if (text == "true" || text == "1" || text == "yes" || text == "on") return Value(true);
+  if (text == "false" || text == "0" || text == "no" || text == "off") return Value(false);
+  return tl::unexpected("expected a boolean, got '" + std::string(text) + "'");
+}
+
+// The whole text as an integer or a double; `what` names the kind in the error.
+template <typename T>
+tl::expected<Value, std::string> parse_number(std::string_view text, std::string_view what) {
+  T value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) {
+    return tl::unexpected("expected " + std::string(what) + ", got '" + std::string(text) + "'");
+  }
+  return Value(value);
+}
+
+Strings parse_list(std::string_view text, Text form) {
+  switch (form) {
+    case Text::kOneItem: return Strings{std::string(text)};
+    case Text::kCommaList: {
+      const std::vector<std::string_view> items = util::split_list(text);
+      return Strings(items.begin(), items.end());
+    }
+    case Text::kPlain:
+    case Text::kVllmBool: break;
+  }
+  return split_words(text);
+}
+
 // A flag's or variable's text as a value of the setting's kind.
 tl::expected<Value, std::string> parse_text(const Setting& setting, std::string_view text) {
-  switch (setting.kind) {
-    case Kind::kBool: {
-      if (setting.env == "VLLM_SERVER_DEV_MODE" && !text.empty() &&
-          text.find_first_not_of("-0123456789") == std::string_view::npos) {
-        return Value(std::strtoll(std::string(text).c_str(), nullptr, 10) != 0);  // as vLLM
-      }
-      if (text == "true" || text == "1" || text == "yes" || text == "on") return Value(true);
-      if (text == "false" || text == "0" || text == "no" || text == "off") return Value(false);
-      return tl::unexpected("expected a boolean, got '" + std::string(text) + "'");
-    }
-    case Kind::kInt: {
-      std::int64_t value = 0;
-      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-      if (error != std::errc() || end != text.data() + text.size()) {
-        return tl::unexpected("expected an integer, got '" + std::string(text) + "'");
-      }
-      return Value(value);
-    }
-    case Kind::kDouble: {
-      double value = 0;
-      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-      if (error != std::errc() || end != text.data() + text.size()) {
-        return tl::unexpected("expected a number, got '" + std::string(text) + "'");
-      }
-      return Value(value);
-    }
+  switch (kind_of(setting)) {
+    case Kind::kBool: return parse_bool(text, setting.text);
+    case Kind::kInt: return parse_number<std::int64_t>(text, "an integer");
+    case Kind::kDouble: return parse_number<double>(text, "a number");
     case Kind::kString: return Value(std::string(text));
-    case Kind::kStrings:
-      if (setting.key == "server.api_keys") return Value(Strings{std::string(text)});
-      if (setting.key == "server.allowlist") {
-        Strings blocks;
-        std::size_t start = 0;
-        while (start <= text.size()) {
-          std::size_t end = text.find(',', start);
-          if (end == std::string_view::npos) end = text.size();
-          std::string_view item = text.substr(start, end - start);
-          while (!item.empty() && (item.front() == ' ' || item.front() == '\t'))
-            item.remove_prefix(1);
-          while (!item.empty() && (item.back() == ' ' || item.back() == '\t'))
-            item.remove_suffix(1);
-          if (!item.empty()) blocks.emplace_back(item);
-          start = end + 1;
-        }
-        return Value(blocks);
-      }
-      return Value(split_words(text));
+    case Kind::kStrings: return Value(parse_list(text, setting.text));
   }
   return tl::unexpected(std::string("unsupported setting"));
 }
 
 tl::expected<Value, std::string> parse_toml(const Setting& setting, const toml::node& node) {
-  switch (setting.kind) {
+  switch (kind_of(setting)) {
     case Kind::kBool:
       if (auto v = node.value<bool>(); v && node.is_boolean()) return Value(*v);
       return tl::unexpected(std::string("expected a boolean"));
@@ -465,7 +557,9 @@ tl::expected<Value, std::string> parse_toml(const Setting& setting, const toml::
 std::optional<ConfigError> apply(Config& config, const Setting& setting,
                                  tl::expected<Value, std::string> value, std::string_view source) {
   if (!value) return ConfigError{std::string(source), value.error()};
-  if (auto problem = setting.set(config, *value)) return ConfigError{std::string(source), *problem};
+  if (auto problem = store(config, setting, *value)) {
+    return ConfigError{std::string(source), *problem};
+  }
   return std::nullopt;
 }
 
@@ -479,12 +573,10 @@ std::optional<ConfigError> apply_table(Config& config, const toml::table& table)
     }
     for (const auto& [name, value] : *inner) {
       const std::string key = std::string(section.str()) + "." + std::string(name.str());
-      bool known = false;
-      for (const Setting& setting : settings()) known = known || setting.key == key;
-      if (!known) return ConfigError{key, "unknown setting"};
+      if (find_setting(key) == nullptr) return ConfigError{key, "unknown setting"};
     }
   }
-  for (const Setting& setting : settings()) {
+  for (const Setting& setting : kSettings) {
     const toml::node_view node = table.at_path(setting.key);
     if (!node) continue;
     if (auto error = apply(config, setting, parse_toml(setting, *node.node()), setting.key)) {
@@ -573,12 +665,27 @@ tl::expected<Config, ConfigError> load_toml_text(std::string_view text) {
   return config;
 }
 
-tl::expected<Invocation, LoadError> load(int argc, const char* const* argv) {
-  Invocation invocation;
+namespace {
+
+// One slot per setting flag: boolean flags switch their setting on; a comma list repeats.
+struct FlagValue {
+  const Setting* setting = nullptr;
+  std::string text;
+  Strings texts;
+  bool on = false;
+};
+
+// The command line: vllmd's own flags and one per setting that has a flag.
+struct CommandLine {
   CLI::App app{"vllmd: the vLLM weight-synchronization control plane"};
-  app.set_version_flag("", "");
   std::string config_path;
-  app.add_option("--config", config_path,
+  std::vector<FlagValue> setting_flags;  // reserved up front: the app holds their addresses
+};
+
+void add_invocation_flags(CommandLine& line, Invocation& invocation) {
+  CLI::App& app = line.app;
+  app.set_version_flag("", "");
+  app.add_option("--config", line.config_path,
                  "TOML configuration file (default /etc/vllmd/vllmd.toml when present)");
   app.add_flag("--print-config", invocation.print_config,
                "print the effective configuration and exit");
@@ -587,87 +694,123 @@ tl::expected<Invocation, LoadError> load(int argc, const char* const* argv) {
   app.add_flag("--print-routes", invocation.print_routes,
                "print the routes vllmd serves (method, path, when, summary) and exit");
   app.add_flag("--version", invocation.version, "print the version and exit");
+}
 
-  // One slot per setting flag: boolean flags switch their setting on; --allow repeats.
-  struct FlagValue {
-    const Setting* setting = nullptr;
-    std::string text;
-    Strings texts;
-    bool on = false;
-  };
-  std::vector<FlagValue> flag_values;
-  flag_values.reserve(settings().size());
-  for (const Setting& setting : settings()) {
+void add_setting_flags(CommandLine& line) {
+  line.setting_flags.reserve(std::size(kSettings));
+  for (const Setting& setting : kSettings) {
     if (setting.flag.empty()) continue;
-    FlagValue& slot = flag_values.emplace_back();
+    FlagValue& slot = line.setting_flags.emplace_back();
     slot.setting = &setting;
     const std::string flag(setting.flag);
     const std::string help(setting.help);
-    if (setting.kind == Kind::kBool)
-      app.add_flag(flag, slot.on, help);
-    else if (setting.key == "server.allowlist")
-      app.add_option(flag, slot.texts, help);
+    if (kind_of(setting) == Kind::kBool)
+      line.app.add_flag(flag, slot.on, help);
+    else if (setting.text == Text::kCommaList)
+      line.app.add_option(flag, slot.texts, help);
     else
-      app.add_option(flag, slot.text, help);
+      line.app.add_option(flag, slot.text, help);
   }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    invocation.help = true;
-    invocation.help_text = app.help();
-    return invocation;
-  } catch (const CLI::ParseError& error) {
-    return tl::unexpected(LoadError{{"", error.what()}, true});
-  }
+}
 
-  Config& config = invocation.config;
-  if (config_path.empty()) {
-    if (const char* env = std::getenv("VLLMD_CONFIG"))
-      config_path = env;
-    else if (std::filesystem::exists("/etc/vllmd/vllmd.toml"))
-      config_path = "/etc/vllmd/vllmd.toml";
-  }
-  if (!config_path.empty()) {
-    if (!std::filesystem::exists(config_path)) {
-      return tl::unexpected(LoadError{{config_path, "configuration file not found"}, false});
-    }
-    if (auto error = apply_file(config, config_path))
-      return tl::unexpected(LoadError{*error, false});
-  }
-  for (const Setting& setting : settings()) {
+// --config, else VLLMD_CONFIG, else the system file when there is one; empty: none.
+std::string config_file_path(std::string path) {
+  if (!path.empty()) return path;
+  if (const char* env = std::getenv("VLLMD_CONFIG")) return env;
+  if (std::filesystem::exists("/etc/vllmd/vllmd.toml")) return "/etc/vllmd/vllmd.toml";
+  return {};
+}
+
+std::optional<ConfigError> apply_config_file(Config& config, const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  if (!std::filesystem::exists(path)) return ConfigError{path, "configuration file not found"};
+  return apply_file(config, path);
+}
+
+// The settings' variables that are set (an empty one counts for strings only).
+std::optional<ConfigError> apply_environment(Config& config) {
+  for (const Setting& setting : kSettings) {
     if (setting.env.empty()) continue;
     const char* text = std::getenv(std::string(setting.env).c_str());
-    if (text == nullptr || (*text == '\0' && setting.kind != Kind::kString)) continue;
-    if (auto error = apply(config, setting, parse_text(setting, text), setting.env)) {
-      return tl::unexpected(LoadError{*error, false});
-    }
+    if (text == nullptr || (*text == '\0' && kind_of(setting) != Kind::kString)) continue;
+    if (auto error = apply(config, setting, parse_text(setting, text), setting.env)) return error;
   }
-  for (const FlagValue& slot : flag_values) {
+  return std::nullopt;
+}
+
+// The setting flags given on the command line, over everything else.
+std::optional<ConfigError> apply_flags(Config& config, const CommandLine& line) {
+  for (const FlagValue& slot : line.setting_flags) {
     const Setting& setting = *slot.setting;
-    if (app.count(std::string(setting.flag)) == 0) continue;
+    if (line.app.count(std::string(setting.flag)) == 0) continue;
     tl::expected<Value, std::string> value;
-    if (setting.kind == Kind::kBool) {
+    if (kind_of(setting) == Kind::kBool) {
       if (!slot.on) continue;
       value = Value(true);
-    } else if (setting.key == "server.allowlist") {
+    } else if (setting.text == Text::kCommaList) {
       std::string joined;
       for (const std::string& text : slot.texts) joined += (joined.empty() ? "" : ",") + text;
       value = parse_text(setting, joined);
     } else {
       value = parse_text(setting, slot.text);
     }
-    if (auto error = apply(config, setting, std::move(value), setting.flag)) {
-      return tl::unexpected(LoadError{*error, false});
-    }
+    if (auto error = apply(config, setting, std::move(value), setting.flag)) return error;
   }
-  if (auto error = finish(config)) return tl::unexpected(LoadError{*error, false});
+  return std::nullopt;
+}
+
+// Defaults < file < environment < flags, then the checks across settings.
+std::optional<ConfigError> apply_sources(Config& config, const CommandLine& line) {
+  if (auto error = apply_config_file(config, config_file_path(line.config_path))) return error;
+  if (auto error = apply_environment(config)) return error;
+  if (auto error = apply_flags(config, line)) return error;
+  return finish(config);
+}
+
+void write_toml_value(std::ostream& out, const Value& value) {
+  std::visit(
+      [&](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>)
+          out << (v ? "true" : "false");
+        else if constexpr (std::is_same_v<T, std::string>)
+          out << toml::value<std::string>(v);
+        else if constexpr (std::is_same_v<T, Strings>) {
+          toml::array array;
+          for (const std::string& item : v) array.push_back(item);
+          out << array;
+        } else
+          out << v;
+      },
+      value);
+}
+
+}  // namespace
+
+tl::expected<Invocation, LoadError> load(int argc, const char* const* argv) {
+  Invocation invocation;
+  CommandLine line;
+  add_invocation_flags(line, invocation);
+  add_setting_flags(line);
+  try {
+    line.app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    invocation.help = true;
+    invocation.help_text = line.app.help();
+    return invocation;
+  } catch (const CLI::ParseError& error) {
+    return tl::unexpected(LoadError{{"", error.what()}, true});
+  }
+  if (auto error = apply_sources(invocation.config, line)) {
+    return tl::unexpected(LoadError{*error, false});
+  }
   return invocation;
 }
 
 std::string to_toml(const Config& config) {
   std::ostringstream out;
   std::string section;
-  for (const Setting& setting : settings()) {
+  for (const Setting& setting : kSettings) {
     const std::string_view key = setting.key;
     const std::string_view this_section = key.substr(0, key.find('.'));
     if (this_section != section) {
@@ -675,22 +818,7 @@ std::string to_toml(const Config& config) {
       section = std::string(this_section);
     }
     out << key.substr(key.find('.') + 1) << " = ";
-    const Value value = setting.get(config);
-    std::visit(
-        [&](const auto& v) {
-          using T = std::decay_t<decltype(v)>;
-          if constexpr (std::is_same_v<T, bool>)
-            out << (v ? "true" : "false");
-          else if constexpr (std::is_same_v<T, std::string>)
-            out << toml::value<std::string>(v);
-          else if constexpr (std::is_same_v<T, Strings>) {
-            toml::array array;
-            for (const std::string& item : v) array.push_back(item);
-            out << array;
-          } else
-            out << v;
-        },
-        value);
+    write_toml_value(out, shown(config, setting));
     out << "\n";
   }
   return out.str();

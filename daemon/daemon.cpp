@@ -7,10 +7,12 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "common/api/errors.hpp"
 #include "common/api/table.hpp"
 #include "common/util/cidr.hpp"
+#include "common/util/duration.hpp"
 #include "common/util/executor.hpp"
 #include "common/util/log.hpp"
 #include "common/version.hpp"
@@ -29,9 +31,8 @@ namespace vllmd::daemon {
 
 namespace {
 
-constexpr int kExitConfig = 78;
-constexpr int kExitUsage = 64;
-constexpr int kExitUnavailable = 69;
+// Exit status (docs/product.md §3.4): the codes vllmctl uses too.
+namespace exit_code = api::exit_code;
 
 // Signals are handled by sigwait in the main thread; every other thread inherits the mask.
 sigset_t block_signals() {
@@ -158,16 +159,21 @@ api::Response render_metrics(const Metrics& metrics, Engines& engines, const Htt
   return response;
 }
 
-}  // namespace
+api::ServiceOptions service_options(const Config& config) {
+  api::ServiceOptions options;
+  options.lifecycle_timeout = milliseconds_of(config.call_timeout);
+  options.query_timeout = milliseconds_of(config.query_timeout);
+  options.world_size_fallback = config.world_size;
+  options.session_idle_timeout = milliseconds_of(config.session_idle_timeout);
+  return options;
+}
 
-int run(int argc, const char* const* argv) {
-  const sigset_t signals = block_signals();
-  log::set_component("vllmd");
-
-  auto invocation = load_all(argc, argv);
+// Bad invocations, and those that only print (--help, --version, --print-config,
+// --check-config): the exit status when vllmd stops here; nothing when it goes on to serve.
+std::optional<int> answer_without_serving(const tl::expected<Invocation, LoadError>& invocation) {
   if (!invocation) {
     std::fprintf(stderr, "vllmd: %s\n", invocation.error().error.line().c_str());
-    return invocation.error().usage ? kExitUsage : kExitConfig;
+    return invocation.error().usage ? exit_code::kUsage : exit_code::kConfig;
   }
   if (invocation->help) {
     std::cout << invocation->help_text;
@@ -191,8 +197,10 @@ int run(int argc, const char* const* argv) {
               << (config.config_file.empty() ? "" : " (" + config.config_file + ")") << "\n";
     return 0;
   }
-  apply_log_level(config);
+  return std::nullopt;
+}
 
+void log_starting(const Config& config) {
   log::info("vllmd ", kVersion, " starting: engine mode ", mode_name(config.mode),
             config.config_file.empty() ? "" : ", config " + config.config_file);
   if (config.dev_mode) {
@@ -204,102 +212,153 @@ int run(int argc, const char* const* argv) {
                  " with neither API keys nor an allowlist; anyone who can reach it can "
                  "overwrite the weights (server.insecure_dev_mode)");
   }
+}
+
+// vllmd once its configuration is loaded. The parts are declared in the order they start; after
+// drain() has destroyed the server and the engines, the rest go in reverse.
+class Daemon {
+ public:
+  Daemon(int argc, const char* const* argv, const Config& config)
+      : argc_(argc), argv_(argv), config_(config) {}
 
   // The port first: a second vllmd on a port in use stops here, before it starts engines.
-  ServerContext context;
-  std::unique_ptr<HttpServer> server;
-  try {
-    server = std::make_unique<HttpServer>(config, context);
-  } catch (const Poco::Exception& error) {
-    log::error("server.tls_cert_file/server.tls_key_file: cannot use them: ", error.displayText());
-    return kExitConfig;
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "vllmd: %s\n", error.what());
-    return kExitUnavailable;
+  // The exit status when something cannot start.
+  std::optional<int> start() {
+    if (auto status = open_listener()) return status;
+    if (auto status = start_engines_and_service()) return status;
+    start_serving();
+    return std::nullopt;
   }
 
-  auto engines = Engines::start(config);
-  if (!engines) {
-    log::error("cannot start the engine link: ", engines.error());
-    return kExitUnavailable;
-  }
-  // Validation of large bodies and reloads; nothing here waits for engines or clients.
-  util::Executor executor(config.threads, "vllmd-exec");
-  api::ServiceOptions service_options;
-  service_options.lifecycle_timeout =
-      std::chrono::milliseconds(static_cast<long long>(config.call_timeout * 1000));
-  service_options.query_timeout =
-      std::chrono::milliseconds(static_cast<long long>(config.query_timeout * 1000));
-  service_options.world_size_fallback = config.world_size;
-  service_options.session_idle_timeout =
-      std::chrono::milliseconds(static_cast<long long>(config.session_idle_timeout * 1000));
-  api::WeightSyncService service((*engines)->client(), service_options, &executor);
-  // The engines go before the service (below): they never call it after it is gone.
-  (*engines)->client().set_state_listener(
-      [&service](const engine::EngineStatus& engine) { service.on_engine_state(engine); });
-
-  Metrics metrics;
-  service.set_operation_observer([&metrics](std::string_view operation, double seconds) {
-    metrics.observe_operation(operation, seconds);
-  });
-  context.service = &service;
-  context.metrics = &metrics;
-  context.executor = &executor;
-  context.max_queued = config.max_queued;
-  context.dev_mode = config.dev_mode;
-  context.set_policy(policy_of(config));
-  server->start();
-  log::notice("listening on ", server->secure() ? "https://" : "http://", config.host, ":",
-              server->port());
-  if (!config.port_file.empty()) {
-    std::ofstream(config.port_file) << server->port() << "\n";
-  }
-  // The watchdog is fed while a request over the socket is answered (whatever its status:
-  // API keys and allowlists do not matter) and the executor runs tasks.
-  Notifier notifier((*engines)->client(), [&executor, host = config.host, port = server->port(),
-                                           secure = server->secure()] {
-    return probe_server(host, port, secure) && executor.responsive(std::chrono::seconds(2));
-  });
-  notifier.start();
-
-  // SIGHUP and POST /reload (vllmctl reload, for ExecReload=) take the same path, one at a time.
-  std::mutex reload_mutex;
-  const auto reload_all = [&]() -> std::optional<std::string> {
-    std::lock_guard lock(reload_mutex);
-    notifier.reloading();
-    auto error = reload(argc, argv, config, context);
-    notifier.reloaded();
-    return error;
-  };
-  service.set_daemon_hooks(
-      {.metrics = [&] { return render_metrics(metrics, **engines, *server, executor); },
-       .reload = reload_all});
-
-  for (;;) {
-    int number = 0;
-    if (sigwait(&signals, &number) != 0) continue;
-    if (number == SIGHUP) {
-      reload_all();
-      continue;
+  // SIGHUP reloads; any other signal returns.
+  void serve_signals(const sigset_t& signals) {
+    for (;;) {
+      int number = 0;
+      if (sigwait(&signals, &number) != 0) continue;
+      if (number == SIGHUP) {
+        reload_all();
+        continue;
+      }
+      log::notice("signal ", number, ": shutting down");
+      return;
     }
-    log::notice("signal ", number, ": shutting down");
-    break;
   }
-  notifier.stopping();
-  // Drain: no new connections; calls in flight may finish until the deadline, then the engine
-  // link closes so they fail with 503 rather than being cut off without an answer.
-  server->stop_accepting();
-  if (!server->wait_idle(config.drain_timeout)) {
-    log::warning("requests still in flight after ", config.drain_timeout,
-                 " s; failing them with 503");
-    (*engines)->client().close();
-    server->wait_idle(2);
+
+  // No new connections; calls in flight may finish until the deadline, then the engine link
+  // closes so they fail with 503 rather than being cut off without an answer.
+  void drain() {
+    notifier_->stopping();
+    server_->stop_accepting();
+    if (!server_->wait_idle(config_.drain_timeout)) {
+      log::warning("requests still in flight after ", config_.drain_timeout,
+                   " s; failing them with 503");
+      engines_->client().close();
+      server_->wait_idle(2);
+    }
+    server_->abort();
+    executor_->stop();
+    server_.reset();
+    engines_.reset();
+    log::notice("stopped");
   }
-  server->abort();
-  executor.stop();
-  server.reset();
-  engines->reset();
-  log::notice("stopped");
+
+ private:
+  std::optional<int> open_listener() {
+    try {
+      server_ = std::make_unique<HttpServer>(config_, context_);
+    } catch (const Poco::Exception& error) {
+      log::error("server.tls_cert_file/server.tls_key_file: cannot use them: ",
+                 error.displayText());
+      return exit_code::kConfig;
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "vllmd: %s\n", error.what());
+      return exit_code::kUnavailable;
+    }
+    return std::nullopt;
+  }
+
+  std::optional<int> start_engines_and_service() {
+    auto engines = Engines::start(config_);
+    if (!engines) {
+      log::error("cannot start the engine link: ", engines.error());
+      return exit_code::kUnavailable;
+    }
+    engines_ = std::move(*engines);
+    // Validation of large bodies and reloads; nothing here waits for engines or clients.
+    executor_.emplace(config_.threads, "vllmd-exec");
+    service_.emplace(engines_->client(), service_options(config_), &*executor_);
+    // The engines go before the service (drain()): they never call it after it is gone.
+    engines_->client().set_state_listener(
+        [this](const engine::EngineStatus& engine) { service_->on_engine_state(engine); });
+    service_->set_operation_observer([this](std::string_view operation, double seconds) {
+      metrics_.observe_operation(operation, seconds);
+    });
+    return std::nullopt;
+  }
+
+  // Requests are served from here on; the watchdog and the daemon's routes are wired up.
+  void start_serving() {
+    context_.service = &*service_;
+    context_.metrics = &metrics_;
+    context_.executor = &*executor_;
+    context_.max_queued = config_.max_queued;
+    context_.dev_mode = config_.dev_mode;
+    context_.set_policy(policy_of(config_));
+    server_->start();
+    log::notice("listening on ", server_->secure() ? "https://" : "http://", config_.host, ":",
+                server_->port());
+    if (!config_.port_file.empty()) {
+      std::ofstream(config_.port_file) << server_->port() << "\n";
+    }
+    // The watchdog is fed while a request over the socket is answered (whatever its status:
+    // API keys and allowlists do not matter) and the executor runs tasks.
+    notifier_.emplace(engines_->client(), [this, host = config_.host, port = server_->port(),
+                                           secure = server_->secure()] {
+      return probe_server(host, port, secure) && executor_->responsive(std::chrono::seconds(2));
+    });
+    notifier_->start();
+    service_->set_daemon_hooks(
+        {.metrics = [this] { return render_metrics(metrics_, *engines_, *server_, *executor_); },
+         .reload = [this] { return reload_all(); }});
+  }
+
+  // SIGHUP and POST /reload (vllmctl reload, for ExecReload=) take this path, one at a time.
+  std::optional<std::string> reload_all() {
+    std::lock_guard lock(reload_mutex_);
+    notifier_->reloading();
+    auto error = reload(argc_, argv_, config_, context_);
+    notifier_->reloaded();
+    return error;
+  }
+
+  const int argc_;
+  const char* const* const argv_;
+  const Config& config_;
+  ServerContext context_;
+  std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<Engines> engines_;
+  std::optional<util::Executor> executor_;
+  std::optional<api::WeightSyncService> service_;
+  Metrics metrics_;
+  std::optional<Notifier> notifier_;
+  std::mutex reload_mutex_;
+};
+
+}  // namespace
+
+int run(int argc, const char* const* argv) {
+  const sigset_t signals = block_signals();
+  log::set_component("vllmd");
+  const auto invocation = load_all(argc, argv);
+  if (const auto status = answer_without_serving(invocation)) return *status;
+  const Config& config = invocation->config;
+  apply_log_level(config);
+  log_starting(config);
+
+  Daemon daemon(argc, argv, config);
+  if (const auto status = daemon.start()) return *status;
+  daemon.serve_signals(signals);
+  daemon.drain();
   return 0;
 }
 

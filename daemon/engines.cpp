@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/engine/endpoints.hpp"
+#include "common/util/duration.hpp"
 #include "common/util/log.hpp"
 
 extern char** environ;
@@ -14,10 +15,6 @@ extern char** environ;
 namespace vllmd::daemon {
 
 namespace {
-std::chrono::milliseconds millis(double seconds) {
-  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
-}
-
 void replace_all(std::string& text, std::string_view from, std::string_view to) {
   for (std::size_t at = text.find(from); at != std::string::npos;
        at = text.find(from, at + to.size())) {
@@ -46,7 +43,7 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
   options.handshake_address = config.handshake_address;
   options.advertised_host = config.advertised_host;
   options.data_parallel_size = config.data_parallel_size;
-  options.startup_timeout = millis(config.startup_timeout);
+  options.startup_timeout = milliseconds_of(config.startup_timeout);
   if (const auto master = parse_data_parallel_master(config.data_parallel_master)) {
     // vLLM's port list: five ports, the last popped as the master; here the operator's port
     // and the four after it, so a firewall needs PORT to PORT+4 open on the master's host.
@@ -58,8 +55,8 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
     log::info("coordinated data parallelism: DP master ", master->host, ":", master->port,
               " (ports ", master->port, "-", master->port + 4, ")");
   }
-  options.probe_interval = millis(config.probe_interval);
-  options.probe_timeout = millis(config.query_timeout);
+  options.probe_interval = milliseconds_of(config.probe_interval);
+  options.probe_timeout = milliseconds_of(config.query_timeout);
   auto client = engine::EngineClient::create(options);
   if (!client) return tl::unexpected(client.error());
   engines->client_ = std::move(*client);

@@ -34,12 +34,44 @@ void Metrics::count_request(std::string_view route, int status) {
   ++requests_[{index, status}];
 }
 
-std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
-                            std::size_t pending_calls, const ConnectionGauges& connections) const {
-  std::ostringstream out;
-  out.precision(9);
-  std::lock_guard lock(mutex_);
+namespace {
 
+// One metric without labels: its HELP and TYPE lines, then its value.
+template <typename T> void write_single(std::ostream& out, std::string_view name,
+                                        std::string_view type, std::string_view help, T value) {
+  out << "# HELP " << name << " " << help << "\n"
+      << "# TYPE " << name << " " << type << "\n"
+      << name << " " << value << "\n";
+}
+
+void write_engines(std::ostream& out, const std::vector<engine::EngineStatus>& engines,
+                   std::size_t pending_calls) {
+  out << "# HELP vllmd_engine_up Whether the engine of each DP rank is attached and alive.\n"
+      << "# TYPE vllmd_engine_up gauge\n";
+  for (const engine::EngineStatus& engine : engines) {
+    out << "vllmd_engine_up{rank=\"" << engine.rank << "\"} "
+        << (engine.state == engine::EngineState::kReady ? 1 : 0) << "\n";
+  }
+  write_single(out, "vllmd_engine_calls_pending", "gauge",
+               "Engine calls sent and not yet answered.", pending_calls);
+}
+
+void write_connections(std::ostream& out, const ConnectionGauges& connections) {
+  write_single(out, "vllmd_http_connections", "gauge", "Open HTTP connections.",
+               connections.current);
+  write_single(out, "vllmd_http_connections_busy", "gauge",
+               "Connections whose request is being handled.", connections.busy);
+  write_single(out, "vllmd_http_connections_queued", "gauge",
+               "Requests waiting for an executor thread.", connections.queued);
+  write_single(out, "vllmd_http_connections_refused_total", "counter",
+               "Connections refused: too many open.", connections.refused);
+  write_single(out, "vllmd_http_connections_total", "counter", "Connections accepted.",
+               connections.total);
+}
+
+}  // namespace
+
+void Metrics::write_operations(std::ostream& out) const {
   out << "# HELP " << kOperationMetric
       << " Duration of weight-sync operations that reached the engines.\n"
       << "# TYPE " << kOperationMetric << " histogram\n";
@@ -61,7 +93,9 @@ std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
     out << kOperationMetric << "_count{operation=\"" << operation << "\"} " << histogram.count
         << "\n";
   }
+}
 
+void Metrics::write_requests(std::ostream& out) const {
   out << "# HELP vllmd_http_requests_total HTTP requests answered, by route and status.\n"
       << "# TYPE vllmd_http_requests_total counter\n";
   for (const auto& [key, count] : requests_) {
@@ -70,33 +104,17 @@ std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
     out << "vllmd_http_requests_total{route=\"" << route << "\",status=\"" << key.second << "\"} "
         << count << "\n";
   }
+}
 
-  out << "# HELP vllmd_engine_up Whether the engine of each DP rank is attached and alive.\n"
-      << "# TYPE vllmd_engine_up gauge\n";
-  for (const engine::EngineStatus& engine : engines) {
-    out << "vllmd_engine_up{rank=\"" << engine.rank << "\"} "
-        << (engine.state == engine::EngineState::kReady ? 1 : 0) << "\n";
-  }
-
-  out << "# HELP vllmd_engine_calls_pending Engine calls sent and not yet answered.\n"
-      << "# TYPE vllmd_engine_calls_pending gauge\n"
-      << "vllmd_engine_calls_pending " << pending_calls << "\n";
-
-  out << "# HELP vllmd_http_connections Open HTTP connections.\n"
-      << "# TYPE vllmd_http_connections gauge\n"
-      << "vllmd_http_connections " << connections.current << "\n"
-      << "# HELP vllmd_http_connections_busy Connections whose request is being handled.\n"
-      << "# TYPE vllmd_http_connections_busy gauge\n"
-      << "vllmd_http_connections_busy " << connections.busy << "\n"
-      << "# HELP vllmd_http_connections_queued Requests waiting for an executor thread.\n"
-      << "# TYPE vllmd_http_connections_queued gauge\n"
-      << "vllmd_http_connections_queued " << connections.queued << "\n"
-      << "# HELP vllmd_http_connections_refused_total Connections refused: too many open.\n"
-      << "# TYPE vllmd_http_connections_refused_total counter\n"
-      << "vllmd_http_connections_refused_total " << connections.refused << "\n"
-      << "# HELP vllmd_http_connections_total Connections accepted.\n"
-      << "# TYPE vllmd_http_connections_total counter\n"
-      << "vllmd_http_connections_total " << connections.total << "\n";
+std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
+                            std::size_t pending_calls, const ConnectionGauges& connections) const {
+  std::ostringstream out;
+  out.precision(9);
+  std::lock_guard lock(mutex_);
+  write_operations(out);
+  write_requests(out);
+  write_engines(out, engines, pending_calls);
+  write_connections(out, connections);
   return out.str();
 }
 

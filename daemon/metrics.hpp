@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <mutex>
 #include <string>
@@ -41,6 +42,9 @@ class Metrics {
     std::uint64_t count = 0;
     double sum = 0;
   };
+  void write_operations(std::ostream& out) const;  // with mutex_ held
+  void write_requests(std::ostream& out) const;    // with mutex_ held
+
   mutable std::mutex mutex_;
   std::map<std::string, Histogram, std::less<>> operations_;
   // By route (an index into api::routes(); routes().size() for any other path) and status.

@@ -43,7 +43,8 @@ ApiError http_version_not_supported(std::string message);  // 505
 // The error for one of the statuses above (or 413), as the HTTP parser reports them.
 ApiError http_error(int status, std::string message);
 
-// vllmctl exit codes (docs/product.md §4.5): part of the CLI's interface.
+// vllmctl exit codes (docs/product.md §4.5): part of the CLI's interface. They are sysexits.h
+// values; vllmd (docs/product.md §3.4) and vllm-ref-engine exit with the same ones.
 namespace exit_code {
 inline constexpr int kOk = 0;
 inline constexpr int kUsage = 64;

@@ -1,10 +1,11 @@
 #include "common/engine/endpoints.hpp"
 
+#include "common/util/cidr.hpp"
+#include "common/util/fail.hpp"
+
 namespace vllmd::engine {
 
-namespace {
-tl::unexpected<std::string> fail(std::string message) { return tl::unexpected(std::move(message)); }
-}  // namespace
+using util::fail;
 
 tl::expected<Endpoint, std::string> parse_endpoint(std::string_view address) {
   Endpoint endpoint;
@@ -42,8 +43,7 @@ tl::expected<Endpoint, std::string> parse_endpoint(std::string_view address) {
 
 std::string format_endpoint(const Endpoint& endpoint) {
   if (endpoint.transport == "ipc") return "ipc://" + endpoint.path;
-  const std::string host = endpoint.ipv6() ? "[" + endpoint.host + "]" : endpoint.host;
-  return "tcp://" + host + ":" + endpoint.port;
+  return "tcp://" + util::join_host_port(endpoint.host, endpoint.port);
 }
 
 bool is_wildcard_host(std::string_view host) {

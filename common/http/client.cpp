@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/util/cidr.hpp"
 #include "common/util/duration.hpp"
 
 namespace vllmd::http {
@@ -52,11 +53,81 @@ std::optional<TransportError> connect(Poco::Net::StreamSocket& socket, const End
   return std::nullopt;
 }
 
+// The TLS handshake over a connected socket: it checks the certificate chain and that it names
+// endpoint.host.
+std::optional<TransportError> start_tls(Poco::Net::StreamSocket& socket, const Endpoint& endpoint,
+                                        Poco::Net::Context::Ptr tls,
+                                        std::chrono::milliseconds timeout) {
+  try {
+    socket = Poco::Net::SecureStreamSocket::attach(socket, endpoint.host, tls);
+  } catch (const Poco::TimeoutException&) {
+    return failure(TransportErrorKind::kTimeout,
+                   "no TLS handshake within " + seconds_text(timeout));
+  } catch (const Poco::Exception& error) {
+    return failure(TransportErrorKind::kTls,
+                   "TLS with " + endpoint.url() + " failed: " + error.displayText());
+  }
+  return std::nullopt;
+}
+
+void set_headers(Poco::Net::HTTPRequest& http_request, const Endpoint& endpoint,
+                 const ClientOptions& options, const Request& request) {
+  http_request.setHost(endpoint.host, endpoint.port);
+  http_request.setKeepAlive(false);
+  http_request.set("Accept", "application/json");
+  if (!options.token.empty()) http_request.set("Authorization", "Bearer " + options.token);
+  if (!request.session.empty()) http_request.set("Vllmd-Session", std::string(request.session));
+  if (request.body) {
+    http_request.setContentType("application/json");
+    http_request.setContentLength64(static_cast<Poco::Int64>(request.body->size()));
+  }
+}
+
+// The body in slices, so the progress callback hears about a large one as it goes.
+void send_body(std::ostream& out, const Request& request) {
+  if (!request.body) return;
+  const std::string_view body = *request.body;
+  for (std::size_t at = 0; at < body.size();) {
+    const std::size_t slice = std::min(kWriteSlice, body.size() - at);
+    out.write(body.data() + at, static_cast<std::streamsize>(slice));
+    at += slice;
+    if (request.progress) request.progress(at, body.size());
+  }
+  out.flush();
+}
+
+// Sends the request and reads the whole reply; a failure says whether it came before or
+// after the request was sent.
+std::optional<TransportError> exchange(Poco::Net::HTTPClientSession& session,
+                                       Poco::Net::HTTPRequest& http_request, const Request& request,
+                                       Poco::Net::HTTPResponse& response, std::string& body,
+                                       std::chrono::milliseconds timeout) {
+  bool sent = false;
+  try {
+    std::ostream& out = session.sendRequest(http_request);
+    out.exceptions(std::ios::badbit);  // let Poco's exception through instead of a bare badbit
+    send_body(out, request);
+    sent = true;
+    std::istream& in = session.receiveResponse(response);
+    Poco::StreamCopier::copyToString(in, body);
+  } catch (const Poco::TimeoutException&) {
+    return failure(TransportErrorKind::kTimeout,
+                   std::string(sent ? "no reply" : "could not send the request") + " within " +
+                       seconds_text(timeout));
+  } catch (const Poco::Exception& error) {
+    return failure(TransportErrorKind::kOther,
+                   std::string(sent ? "reading the reply" : "sending the request") +
+                       " failed: " + error.displayText());
+  } catch (const std::exception& error) {
+    return failure(TransportErrorKind::kOther, error.what());
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string Endpoint::url() const {
-  const bool ipv6 = host.find(':') != std::string::npos;
-  return scheme + "://" + (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port) + base_path;
+  return scheme + "://" + util::join_host_port(host, std::to_string(port)) + base_path;
 }
 
 tl::expected<Endpoint, std::string> parse_endpoint(std::string_view url) {
@@ -170,16 +241,8 @@ tl::expected<Reply, TransportError> Client::attempt(const Request& request) cons
   Poco::Net::StreamSocket socket;
   if (auto error = connect(socket, endpoint_, options_.timeout)) return tl::unexpected(*error);
   if (tls_) {
-    // The handshake checks the certificate chain and that it names endpoint_.host.
-    try {
-      socket = Poco::Net::SecureStreamSocket::attach(socket, endpoint_.host, tls_);
-    } catch (const Poco::TimeoutException&) {
-      return tl::unexpected(failure(TransportErrorKind::kTimeout,
-                                    "no TLS handshake within " + seconds_text(options_.timeout)));
-    } catch (const Poco::Exception& error) {
-      return tl::unexpected(
-          failure(TransportErrorKind::kTls,
-                  "TLS with " + endpoint_.url() + " failed: " + error.displayText()));
+    if (auto error = start_tls(socket, endpoint_, tls_, options_.timeout)) {
+      return tl::unexpected(*error);
     }
   }
   Poco::Net::HTTPClientSession session(socket);
@@ -187,45 +250,13 @@ tl::expected<Reply, TransportError> Client::attempt(const Request& request) cons
   session.setKeepAlive(false);
   Poco::Net::HTTPRequest http_request(std::string(request.method), path,
                                       Poco::Net::HTTPMessage::HTTP_1_1);
-  http_request.setHost(endpoint_.host, endpoint_.port);
-  http_request.setKeepAlive(false);
-  http_request.set("Accept", "application/json");
-  if (!options_.token.empty()) http_request.set("Authorization", "Bearer " + options_.token);
-  if (!request.session.empty()) http_request.set("Vllmd-Session", std::string(request.session));
-  if (request.body) {
-    http_request.setContentType("application/json");
-    http_request.setContentLength64(static_cast<Poco::Int64>(request.body->size()));
-  }
+  set_headers(http_request, endpoint_, options_, request);
 
   Poco::Net::HTTPResponse response;
   Reply reply;
-  bool sent = false;
-  try {
-    std::ostream& out = session.sendRequest(http_request);
-    out.exceptions(std::ios::badbit);  // let Poco's exception through instead of a bare badbit
-    if (request.body) {
-      const std::string_view body = *request.body;
-      for (std::size_t at = 0; at < body.size();) {
-        const std::size_t slice = std::min(kWriteSlice, body.size() - at);
-        out.write(body.data() + at, static_cast<std::streamsize>(slice));
-        at += slice;
-        if (request.progress) request.progress(at, body.size());
-      }
-      out.flush();
-    }
-    sent = true;
-    std::istream& in = session.receiveResponse(response);
-    Poco::StreamCopier::copyToString(in, reply.body);
-  } catch (const Poco::TimeoutException&) {
-    return tl::unexpected(failure(TransportErrorKind::kTimeout,
-                                  std::string(sent ? "no reply" : "could not send the request") +
-                                      " within " + seconds_text(options_.timeout)));
-  } catch (const Poco::Exception& error) {
-    return tl::unexpected(failure(TransportErrorKind::kOther,
-                                  std::string(sent ? "reading the reply" : "sending the request") +
-                                      " failed: " + error.displayText()));
-  } catch (const std::exception& error) {
-    return tl::unexpected(failure(TransportErrorKind::kOther, error.what()));
+  if (auto error =
+          exchange(session, http_request, request, response, reply.body, options_.timeout)) {
+    return tl::unexpected(*error);
   }
   reply.status = static_cast<int>(response.getStatus());
   const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -137,4 +137,9 @@ bool is_loopback_host(std::string_view host) {
   return v4.contains(*address) || v6.contains(*address);
 }
 
+std::string join_host_port(std::string_view host, std::string_view port) {
+  const bool ipv6 = host.find(':') != std::string_view::npos;
+  return (ipv6 ? "[" + std::string(host) + "]" : std::string(host)) + ":" + std::string(port);
+}
+
 }  // namespace vllmd::util

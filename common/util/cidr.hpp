@@ -42,4 +42,7 @@ bool any_contains(const std::vector<Cidr>& blocks, const IpAddress& address);
 // "localhost". Other names are not (they may resolve to anything).
 bool is_loopback_host(std::string_view host);
 
+// "host:port", or "[host]:port" for an IPv6 host (one with a colon), as URLs and ZeroMQ write it.
+std::string join_host_port(std::string_view host, std::string_view port);
+
 }  // namespace vllmd::util

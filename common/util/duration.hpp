@@ -1,10 +1,15 @@
 #pragma once
-// Durations as people read them in messages: "1.5 s", "300 s".
+// Durations as settings give them (seconds, a double) and as messages say them ("1.5 s").
 
 #include <chrono>
 #include <string>
 
 namespace vllmd {
+
+// Seconds as milliseconds, what is below a millisecond dropped.
+inline std::chrono::milliseconds milliseconds_of(double seconds) {
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
 
 inline std::string seconds_text(std::chrono::milliseconds duration) {
   const double seconds = static_cast<double>(duration.count()) / 1000.0;

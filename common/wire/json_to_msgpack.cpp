@@ -44,11 +44,6 @@ const TopLevelMember* Transcoded::find(std::string_view key) const {
 
 namespace {
 
-struct Failure {
-  std::size_t offset;
-  const char* message;
-};
-
 // A container whose header outgrew the bytes placed for it when moving its body was not worth
 // it: the final sweep inserts the missing bytes.
 struct Deferred {
@@ -239,7 +234,7 @@ class Transcoder {
  private:
   [[noreturn]] void fail(const char* message) const { fail_at(p_, message); }
   [[noreturn]] void fail_at(const char* where, const char* message) const {
-    throw Failure{static_cast<std::size_t>(where - begin_), message};
+    throw JsonError{static_cast<std::size_t>(where - begin_), message};
   }
 
   void skip_whitespace() {
@@ -278,60 +273,78 @@ class Transcoder {
     out_.push_back('\0');
     int placed = 1;
 
-    const char close = is_object ? '}' : ']';
     std::size_t count = 0;
     bool all_objects = true;
     ++p_;
     skip_whitespace();
-    if (p_ != end_ && *p_ == close) {
+    if (p_ != end_ && *p_ == (is_object ? '}' : ']')) {
       ++p_;
     } else {
-      for (;;) {
+      do {
         if (count == 15 || count == 0xffff) placed = widen(slot, placed, depth == 1 && is_object);
-        TopLevelMember* member = nullptr;
-        if (is_object) {
-          if (p_ == end_ || *p_ != '"') fail("Expecting property name enclosed in double quotes");
-          const std::size_t key_begin = out_.size();
-          parse_string();
-          if (depth == 1) member = &record_member(key_begin);
-          skip_whitespace();
-          if (p_ == end_ || *p_ != ':') fail("Expecting ':' delimiter");
-          ++p_;
-          skip_whitespace();
-        }
-        const std::size_t value_begin = out_.size();
-        const JsonKind kind = parse_value(depth + 1);
+        TopLevelMember* member = is_object ? parse_key(depth) : nullptr;
+        const JsonKind kind = parse_element(depth, member);
         all_objects = all_objects && kind == JsonKind::kObject;
-        if (member != nullptr) {
-          member->kind = kind;
-          member->begin = value_begin;
-          member->end = out_.size();
-          member->all_elements_objects = kind == JsonKind::kArray && last_array_all_objects_;
-        }
         ++count;
-        skip_whitespace();
-        if (p_ == end_)
-          fail(is_object ? "Expecting ',' delimiter or '}'" : "Expecting ',' delimiter or ']'");
-        if (*p_ == ',') {
-          ++p_;
-          skip_whitespace();
-          continue;
-        }
-        if (*p_ == close) {
-          ++p_;
-          break;
-        }
-        fail(is_object ? "Expecting ',' delimiter or '}'" : "Expecting ',' delimiter or ']'");
-      }
+      } while (another_element(is_object));
     }
+    place_header(slot, placed, count, is_object);
+    last_array_all_objects_ = !is_object && all_objects;
+    return is_object ? JsonKind::kObject : JsonKind::kArray;
+  }
+
+  // An object member's key and its ':'; the member to record when at the top level.
+  TopLevelMember* parse_key(std::size_t depth) {
+    if (p_ == end_ || *p_ != '"') fail("Expecting property name enclosed in double quotes");
+    const std::size_t key_begin = out_.size();
+    parse_string();
+    TopLevelMember* member = depth == 1 ? &record_member(key_begin) : nullptr;
+    skip_whitespace();
+    if (p_ == end_ || *p_ != ':') fail("Expecting ':' delimiter");
+    ++p_;
+    skip_whitespace();
+    return member;
+  }
+
+  // An array element or member value; a top-level member learns where it lies.
+  JsonKind parse_element(std::size_t depth, TopLevelMember* member) {
+    const std::size_t value_begin = out_.size();
+    const JsonKind kind = parse_value(depth + 1);
+    if (member != nullptr) {
+      member->kind = kind;
+      member->begin = value_begin;
+      member->end = out_.size();
+      member->all_elements_objects = kind == JsonKind::kArray && last_array_all_objects_;
+    }
+    return kind;
+  }
+
+  // After an element: true past a ',', false past the closing bracket.
+  bool another_element(bool is_object) {
+    skip_whitespace();
+    const char* expected =
+        is_object ? "Expecting ',' delimiter or '}'" : "Expecting ',' delimiter or ']'";
+    if (p_ == end_) fail(expected);
+    if (*p_ == ',') {
+      ++p_;
+      skip_whitespace();
+      return true;
+    }
+    if (*p_ == (is_object ? '}' : ']')) {
+      ++p_;
+      return false;
+    }
+    fail(expected);
+  }
+
+  // Writes the container's header now when the bytes placed fit it, or defers it.
+  void place_header(std::size_t slot, int placed, std::size_t count, bool is_object) {
     if (count > std::numeric_limits<std::uint32_t>::max()) fail("Container too large");
     if (placed == container_header_size(count)) {
       write_container_header(out_.data() + slot, is_object, count);
     } else {
       deferred_.push_back({slot, placed, count, is_object});
     }
-    last_array_all_objects_ = !is_object && all_objects;
-    return is_object ? JsonKind::kObject : JsonKind::kArray;
   }
 
   // Makes room for a header 2 bytes wider by moving the body so far (the first 15 or 65535
@@ -473,15 +486,30 @@ class Transcoder {
     const char* start = p_;
     const bool negative = *p_ == '-';
     if (negative) ++p_;
-    if (p_ == end_ || !is_digit(*p_)) fail_at(start, "Invalid number");
     const char* digits = p_;
+    scan_integer_part(start);
+    const char* digits_end = p_;
+    if (scan_fraction_and_exponent(start)) {
+      write_float(parse_float(start));
+      return JsonKind::kFloat;
+    }
+    write_integer(start, negative, integer_magnitude(start, digits, digits_end));
+    return JsonKind::kInteger;
+  }
+
+  // The digits before any '.' or exponent: a lone 0 or no leading zero.
+  void scan_integer_part(const char* start) {
+    if (p_ == end_ || !is_digit(*p_)) fail_at(start, "Invalid number");
     if (*p_ == '0') {
       ++p_;
       if (p_ != end_ && is_digit(*p_)) fail_at(start, "Invalid number: leading zero");
     } else {
       while (p_ != end_ && is_digit(*p_)) ++p_;
     }
-    const char* digits_end = p_;
+  }
+
+  // The fraction and the exponent, each optional; true when there was either.
+  bool scan_fraction_and_exponent(const char* start) {
     bool is_float = false;
     if (p_ != end_ && *p_ == '.') {
       ++p_;
@@ -496,23 +524,32 @@ class Transcoder {
       while (p_ != end_ && is_digit(*p_)) ++p_;
       is_float = true;
     }
-    if (is_float) {
-      double value = 0;
-      const auto [where, error] = std::from_chars(start, p_, value);
-      if (error == std::errc::result_out_of_range) {
-        // Underflow rounds to (signed) zero, as Python's json does; overflow is refused.
-        value = std::strtod(std::string(start, p_).c_str(), nullptr);
-        if (std::isinf(value)) fail_at(start, "Number out of float64 range");
-      } else if (error != std::errc() || where != p_) {
-        fail_at(start, "Invalid number");
-      }
-      char* out = out_.grow(9);
-      std::uint64_t bits = 0;
-      std::memcpy(&bits, &value, sizeof bits);
-      write_header(out, 0xcb, bits, 8);
-      out_.resize(out_.size() + 9);
-      return JsonKind::kFloat;
+    return is_float;
+  }
+
+  double parse_float(const char* start) const {
+    double value = 0;
+    const auto [where, error] = std::from_chars(start, p_, value);
+    if (error == std::errc::result_out_of_range) {
+      // Underflow rounds to (signed) zero, as Python's json does; overflow is refused.
+      value = std::strtod(std::string(start, p_).c_str(), nullptr);
+      if (std::isinf(value)) fail_at(start, "Number out of float64 range");
+    } else if (error != std::errc() || where != p_) {
+      fail_at(start, "Invalid number");
     }
+    return value;
+  }
+
+  void write_float(double value) {
+    char* out = out_.grow(9);
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &value, sizeof bits);
+    write_header(out, 0xcb, bits, 8);
+    out_.resize(out_.size() + 9);
+  }
+
+  std::uint64_t integer_magnitude(const char* start, const char* digits,
+                                  const char* digits_end) const {
     std::uint64_t magnitude = 0;
     for (const char* d = digits; d != digits_end; ++d) {
       const auto digit = static_cast<std::uint64_t>(*d - '0');
@@ -521,39 +558,39 @@ class Transcoder {
       }
       magnitude = magnitude * 10 + digit;
     }
+    return magnitude;
+  }
+
+  // The integer in msgpack's narrowest form: a fixint, or uint/int 8 to 64.
+  void write_integer(const char* start, bool negative, std::uint64_t magnitude) {
+    if (negative && magnitude > (1ULL << 63)) fail_at(start, "Integer out of 64-bit range");
     char* out = out_.grow(9);
-    int size = 0;
-    if (!negative || magnitude == 0) {
-      if (magnitude < 0x80) {
-        out[0] = static_cast<char>(magnitude);
-        size = 1;
-      } else if (magnitude < 0x100) {
-        size = write_header(out, 0xcc, magnitude, 1);
-      } else if (magnitude < 0x10000) {
-        size = write_header(out, 0xcd, magnitude, 2);
-      } else if (magnitude < 0x100000000ULL) {
-        size = write_header(out, 0xce, magnitude, 4);
-      } else {
-        size = write_header(out, 0xcf, magnitude, 8);
-      }
-    } else {
-      if (magnitude > (1ULL << 63)) fail_at(start, "Integer out of 64-bit range");
-      const std::uint64_t bits = ~magnitude + 1;  // two's complement of -magnitude
-      if (magnitude <= 32) {
-        out[0] = static_cast<char>(bits & 0xff);
-        size = 1;
-      } else if (magnitude <= 0x80) {
-        size = write_header(out, 0xd0, bits & 0xff, 1);
-      } else if (magnitude <= 0x8000) {
-        size = write_header(out, 0xd1, bits & 0xffff, 2);
-      } else if (magnitude <= 0x80000000ULL) {
-        size = write_header(out, 0xd2, bits & 0xffffffffULL, 4);
-      } else {
-        size = write_header(out, 0xd3, bits, 8);
-      }
-    }
+    const int size = negative && magnitude != 0 ? write_negative(out, magnitude)
+                                                : write_non_negative(out, magnitude);
     out_.resize(out_.size() + size);
-    return JsonKind::kInteger;
+  }
+
+  static int write_non_negative(char* out, std::uint64_t magnitude) {
+    if (magnitude < 0x80) {
+      out[0] = static_cast<char>(magnitude);
+      return 1;
+    }
+    if (magnitude < 0x100) return write_header(out, 0xcc, magnitude, 1);
+    if (magnitude < 0x10000) return write_header(out, 0xcd, magnitude, 2);
+    if (magnitude < 0x100000000ULL) return write_header(out, 0xce, magnitude, 4);
+    return write_header(out, 0xcf, magnitude, 8);
+  }
+
+  static int write_negative(char* out, std::uint64_t magnitude) {
+    const std::uint64_t bits = ~magnitude + 1;  // two's complement of -magnitude
+    if (magnitude <= 32) {
+      out[0] = static_cast<char>(bits & 0xff);
+      return 1;
+    }
+    if (magnitude <= 0x80) return write_header(out, 0xd0, bits & 0xff, 1);
+    if (magnitude <= 0x8000) return write_header(out, 0xd1, bits & 0xffff, 2);
+    if (magnitude <= 0x80000000ULL) return write_header(out, 0xd2, bits & 0xffffffffULL, 4);
+    return write_header(out, 0xd3, bits, 8);
   }
 
   // Writes the deferred headers, moving what follows each one right by the bytes it lacks, in
@@ -618,8 +655,8 @@ tl::expected<Transcoded, JsonError> json_to_msgpack(std::string_view json,
   Transcoded result;
   try {
     Transcoder(json, limits, result).run();
-  } catch (const Failure& failure) {
-    return tl::unexpected(JsonError{failure.offset, failure.message});
+  } catch (JsonError& error) {
+    return tl::unexpected(std::move(error));
   }
   return result;
 }

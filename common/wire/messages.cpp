@@ -8,11 +8,13 @@
 #include <cstring>
 #include <set>
 
+#include "common/util/fail.hpp"
+
 namespace vllmd::wire {
 
 namespace {
 
-tl::unexpected<std::string> fail(std::string message) { return tl::unexpected(std::move(message)); }
+using util::fail;
 
 tl::expected<CallId, std::string> decode_call_id(const msgpack::object& object) {
   if (object.type == msgpack::type::POSITIVE_INTEGER) return CallId{object.via.u64, false};

@@ -4,6 +4,8 @@
 #include <array>
 #include <optional>
 
+#include "common/util/text.hpp"
+
 namespace vllmd::daemon::http {
 
 namespace {
@@ -36,12 +38,6 @@ bool same_text(std::string_view a, std::string_view b) {
 
 bool starts_with_text(std::string_view text, std::string_view prefix) {
   return text.size() >= prefix.size() && same_text(text.substr(0, prefix.size()), prefix);
-}
-
-std::string_view trim(std::string_view text) {
-  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
-  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
-  return text;
 }
 
 // Which known field a name is, if any: by length first, so most names cost one compare.
@@ -97,24 +93,11 @@ tl::expected<Field, ParseError> parse_field(std::string_view line) {
                   "a header name is empty or holds a character not allowed there "
                   "(whitespace before the colon, a control byte, ...)");
   }
-  const std::string_view value = trim(line.substr(colon + 1));
+  const std::string_view value = util::trim_blanks(line.substr(colon + 1));
   if (!is_field_value(value)) {
     return refuse(400, "header " + std::string(name) + " holds a control byte");
   }
   return Field{name, value};
-}
-
-// Splits a comma-separated field value into its non-empty, trimmed elements.
-std::vector<std::string_view> list_elements(std::string_view value) {
-  std::vector<std::string_view> elements;
-  while (!value.empty()) {
-    const std::size_t comma = value.find(',');
-    const std::string_view element = trim(value.substr(0, comma));
-    if (!element.empty()) elements.push_back(element);
-    if (comma == std::string_view::npos) break;
-    value.remove_prefix(comma + 1);
-  }
-  return elements;
 }
 
 std::size_t skip_empty_lines(std::string_view bytes) {
@@ -171,7 +154,7 @@ tl::expected<void, ParseError> parse_transfer_encoding(RequestHead& head) {
   std::vector<std::string_view> codings;
   for (const Field& field : head.fields) {
     if (!same_text(field.name, "transfer-encoding")) continue;
-    for (const std::string_view coding : list_elements(field.value)) codings.push_back(coding);
+    for (const std::string_view coding : util::split_list(field.value)) codings.push_back(coding);
   }
   if (head.count(KnownField::kContentLength) > 0) {
     return refuse(400, "Content-Length together with Transfer-Encoding");
@@ -196,7 +179,7 @@ tl::expected<void, ParseError> parse_connection_facts(RequestHead& head) {
   if (head.count(KnownField::kConnection) == 0) return {};
   for (const Field& field : head.fields) {
     if (!same_text(field.name, "connection")) continue;
-    for (const std::string_view option : list_elements(field.value)) {
+    for (const std::string_view option : util::split_list(field.value)) {
       if (same_text(option, "close")) {
         head.keep_alive = false;
         return {};  // close wins
@@ -327,82 +310,91 @@ ChunkedDecoder::Status ChunkedDecoder::on_trailer_line() {
   return Status::kNeedMore;
 }
 
+ChunkedDecoder::Status ChunkedDecoder::on_size_byte(char c) {
+  const int digit = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+  if (digit >= 0) {
+    if (++size_digits_ > 16) return fail(400, "chunk size has more than 16 hex digits");
+    chunk_size_ = chunk_size_ * 16 + static_cast<std::uint64_t>(digit);
+  } else if (size_digits_ == 0) {
+    return fail(400, "chunk size is not a hexadecimal number");
+  } else if (c == ';' || c == ' ' || c == '\t') {
+    state_ = State::kExtension;
+  } else if (c == '\r') {
+    state_ = State::kSizeEnd;
+  } else {
+    return fail(400, "malformed chunk size");
+  }
+  return Status::kNeedMore;
+}
+
+ChunkedDecoder::Status ChunkedDecoder::on_extension_byte(char c) {
+  if (c == '\r') {
+    state_ = State::kSizeEnd;
+  } else if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) {
+    return fail(400, "a chunk extension holds a control byte");
+  } else if (++extension_bytes_ > 4096) {
+    return fail(400, "chunk extension longer than 4096 bytes");
+  }
+  return Status::kNeedMore;
+}
+
+// The CRLF after a chunk's data.
+ChunkedDecoder::Status ChunkedDecoder::on_data_end_byte(char c) {
+  if (c != (state_ == State::kDataCr ? '\r' : '\n')) {
+    return fail(400, "chunk data longer than its declared size");
+  }
+  state_ = state_ == State::kDataCr ? State::kDataLf : State::kSize;
+  return Status::kNeedMore;
+}
+
+ChunkedDecoder::Status ChunkedDecoder::on_trailer_byte(char c) {
+  if (c == '\n') return on_trailer_line();
+  if (++trailer_bytes_ > max_trailers_) {
+    return fail(431, "trailer fields longer than " + std::to_string(max_trailers_) + " bytes");
+  }
+  trailer_line_.push_back(c);
+  return Status::kNeedMore;
+}
+
+ChunkedDecoder::Status ChunkedDecoder::on_byte(char c) {
+  switch (state_) {
+    case State::kSize: return on_size_byte(c);
+    case State::kExtension: return on_extension_byte(c);
+    case State::kSizeEnd:
+      if (c != '\n') return fail(400, "a chunk size line does not end in CRLF");
+      return on_size_line_end();
+    case State::kDataCr:
+    case State::kDataLf: return on_data_end_byte(c);
+    case State::kTrailer: return on_trailer_byte(c);
+    case State::kData:
+    case State::kDone: break;
+  }
+  return Status::kNeedMore;
+}
+
+std::size_t ChunkedDecoder::take_data(std::string_view in, std::string& out) {
+  const auto take = static_cast<std::size_t>(std::min<std::uint64_t>(remaining_, in.size()));
+  out.append(in.data(), take);
+  remaining_ -= take;
+  decoded_ += take;
+  if (remaining_ == 0) state_ = State::kDataCr;
+  return take;
+}
+
 ChunkedDecoder::Status ChunkedDecoder::feed(std::string_view in, std::size_t& consumed,
                                             std::string& out) {
   consumed = 0;
   if (failed_) return Status::kError;
   std::size_t i = 0;
   while (i < in.size() && state_ != State::kDone) {
-    const char c = in[i];
-    Status status = Status::kNeedMore;
-    switch (state_) {
-      case State::kSize: {
-        const int digit = c >= '0' && c <= '9'   ? c - '0'
-                          : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                          : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                                 : -1;
-        if (digit >= 0) {
-          if (++size_digits_ > 16) return fail(400, "chunk size has more than 16 hex digits");
-          chunk_size_ = chunk_size_ * 16 + static_cast<std::uint64_t>(digit);
-        } else if (size_digits_ == 0) {
-          return fail(400, "chunk size is not a hexadecimal number");
-        } else if (c == ';' || c == ' ' || c == '\t') {
-          state_ = State::kExtension;
-        } else if (c == '\r') {
-          state_ = State::kSizeEnd;
-        } else {
-          return fail(400, "malformed chunk size");
-        }
-        ++i;
-        break;
-      }
-      case State::kExtension:
-        if (c == '\r') {
-          state_ = State::kSizeEnd;
-        } else if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) {
-          return fail(400, "a chunk extension holds a control byte");
-        } else if (++extension_bytes_ > 4096) {
-          return fail(400, "chunk extension longer than 4096 bytes");
-        }
-        ++i;
-        break;
-      case State::kSizeEnd:
-        if (c != '\n') return fail(400, "a chunk size line does not end in CRLF");
-        ++i;
-        status = on_size_line_end();
-        break;
-      case State::kData: {
-        const std::size_t take =
-            static_cast<std::size_t>(std::min<std::uint64_t>(remaining_, in.size() - i));
-        out.append(in.data() + i, take);
-        i += take;
-        remaining_ -= take;
-        decoded_ += take;
-        if (remaining_ == 0) state_ = State::kDataCr;
-        break;
-      }
-      case State::kDataCr:
-      case State::kDataLf:
-        if (c != (state_ == State::kDataCr ? '\r' : '\n')) {
-          return fail(400, "chunk data longer than its declared size");
-        }
-        state_ = state_ == State::kDataCr ? State::kDataLf : State::kSize;
-        ++i;
-        break;
-      case State::kTrailer:
-        ++i;
-        if (c == '\n') {
-          status = on_trailer_line();
-        } else if (++trailer_bytes_ > max_trailers_) {
-          return fail(431,
-                      "trailer fields longer than " + std::to_string(max_trailers_) + " bytes");
-        } else {
-          trailer_line_.push_back(c);
-        }
-        break;
-      case State::kDone: break;
+    if (state_ == State::kData) {
+      i += take_data(in.substr(i), out);
+      continue;
     }
-    if (status == Status::kError) return status;
+    if (on_byte(in[i++]) == Status::kError) return Status::kError;
   }
   consumed = i;
   return state_ == State::kDone ? Status::kDone : Status::kNeedMore;

@@ -92,8 +92,14 @@ class ChunkedDecoder {
  private:
   enum class State { kSize, kExtension, kSizeEnd, kData, kDataCr, kDataLf, kTrailer, kDone };
   Status fail(int status, std::string message);
+  Status on_byte(char c);  // in any state but kData
+  Status on_size_byte(char c);
+  Status on_extension_byte(char c);
   Status on_size_line_end();
+  Status on_data_end_byte(char c);
+  Status on_trailer_byte(char c);
   Status on_trailer_line();
+  std::size_t take_data(std::string_view in, std::string& out);  // bytes taken
 
   std::uint64_t max_body_;
   std::size_t max_trailers_;

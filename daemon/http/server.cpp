@@ -20,6 +20,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/util/cidr.hpp"
+#include "common/util/duration.hpp"
 #include "common/util/log.hpp"
 #include "daemon/http/connection.hpp"
 #include "daemon/http/transport.hpp"
@@ -49,8 +51,7 @@ std::optional<util::IpAddress> peer_of(const sockaddr_storage& address) {
 }
 
 std::string address_text(const std::string& host, int port) {
-  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
-         std::to_string(port);
+  return util::join_host_port(host, std::to_string(port));
 }
 
 // A listening socket without SO_REUSEPORT: a second vllmd on the same port fails here rather
@@ -484,7 +485,7 @@ void Server::stop_accepting() {
 }
 
 bool Server::wait_idle(double seconds) const {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+  const auto deadline = Clock::now() + milliseconds_of(seconds);
   while (impl_->open.load() > 0) {
     if (Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

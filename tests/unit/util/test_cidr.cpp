@@ -132,3 +132,10 @@ TEST_CASE("loopback listen addresses") {
   CHECK_FALSE(vllmd::util::is_loopback_host("example.com"));
   CHECK_FALSE(vllmd::util::is_loopback_host(""));
 }
+
+TEST_CASE("host and port as one address") {
+  CHECK(vllmd::util::join_host_port("127.0.0.1", "8000") == "127.0.0.1:8000");
+  CHECK(vllmd::util::join_host_port("example.com", "0") == "example.com:0");
+  CHECK(vllmd::util::join_host_port("::1", "8000") == "[::1]:8000");
+  CHECK(vllmd::util::join_host_port("*", "*") == "*:*");
+}
