@@ -212,9 +212,11 @@ TEST_CASE("unsolicited utility outputs are ignored and leave the call waiting fo
 }
 
 TEST_CASE("a call for a stale incarnation fails at once and never reaches the engine") {
-  auto client = make_client();
+  // Declared before the client, so destroyed after it: the client's thread calls the listener
+  // until the client is gone (the engines' disconnection at the end of the test, too).
   std::mutex mutex;
   std::vector<std::pair<EngineState, std::uint64_t>> seen;
+  auto client = make_client();
   client->set_state_listener([&](const EngineStatus& status) {
     std::lock_guard lock(mutex);
     seen.emplace_back(status.state, status.incarnation);
