@@ -6,11 +6,14 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 from runner.common import HOST
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "integration", "support"))
+from ports import free_port  # noqa: E402,F401  (re-exported to the scenarios)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
@@ -78,13 +81,6 @@ def stop_all():
             process.stop(grace=2.0)
         except Exception as error:  # keep stopping the others
             print(f"cannot stop {process.name} ({process.pid}): {error!r}", file=sys.stderr)
-
-
-def free_port():
-    """A TCP port that was free a moment ago (for the baseline and the handshake address)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def http_call(port, method, path, body=None, timeout=30):

@@ -24,6 +24,8 @@ import unittest
 
 import requests
 
+from ports import free_port  # noqa: F401  (tests take it from here)
+
 HOST = "127.0.0.1"
 
 _PR_SET_PDEATHSIG = 1
@@ -51,13 +53,6 @@ def vllmd_bin():
 
 def engine_bin():
     return binary("VLLM_REF_ENGINE_BIN")
-
-
-def free_port():
-    """A TCP port that was free a moment ago (bind port 0, read it back, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def clean_env(extra=None):
