@@ -128,9 +128,9 @@ void define_engine_flags(CLI::App& app, Flags& flags) {
       ->type_name("LEVEL")
       ->check(CLI::Validator(
           [](std::string& text) {
-            vllmd::log::Level level;
-            return vllmd::log::parse_level(text, level) ? std::string()
-                                                        : "unknown log level '" + text + "'";
+            vllmd::util::log::Level level;
+            return vllmd::util::log::parse_level(text, level) ? std::string()
+                                                              : "unknown log level '" + text + "'";
           },
           ""))
       ->capture_default_str();
@@ -246,9 +246,9 @@ class Recorder {
 bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   ReferenceEngineOptions& options = flags.options;
   vllmd::reference::parse_backend(flags.backend, options.backend);
-  vllmd::log::Level level = vllmd::log::Level::kInfo;
-  vllmd::log::parse_level(flags.log_level, level);
-  vllmd::log::set_level(level);
+  vllmd::util::log::Level level = vllmd::util::log::Level::kInfo;
+  vllmd::util::log::parse_level(flags.log_level, level);
+  vllmd::util::log::set_level(level);
   options.faults.fail.insert(flags.fail.begin(), flags.fail.end());
   options.faults.fail_once.insert(flags.fail_once.begin(), flags.fail_once.end());
   options.faults.exit_silently.insert(flags.exit_silently.begin(), flags.exit_silently.end());
@@ -261,7 +261,7 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   if (!flags.record.empty()) {
     std::FILE* file = std::fopen(flags.record.c_str(), "a");
     if (file == nullptr) {
-      vllmd::log::error("cannot open --record file ", flags.record);
+      vllmd::util::log::error("cannot open --record file ", flags.record);
       return false;
     }
     recorder = std::make_unique<Recorder>(file);
@@ -285,7 +285,7 @@ int run(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  vllmd::log::set_component("vllm-ref-engine");
+  vllmd::util::log::set_component("vllm-ref-engine");
 
   CLI::App app{"vLLM reference engine: serves vLLM's engine-core protocol for tests"};
   Flags flags;
@@ -306,7 +306,7 @@ int run(int argc, char** argv) {
     const timespec slice{0, 100'000'000};
     const int signal = sigtimedwait(&signals, nullptr, &slice);
     if (signal == SIGTERM || signal == SIGINT) {
-      vllmd::log::info("signal ", signal, " received; stopping");
+      vllmd::util::log::info("signal ", signal, " received; stopping");
       engine.stop();
       return 0;
     }
@@ -321,7 +321,7 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& error) {
-    vllmd::log::error(error.what());
+    vllmd::util::log::error(error.what());
     return 1;
   }
 }

@@ -112,8 +112,8 @@ bool is_backend(std::string_view text) {
 }
 
 bool is_log_level(std::string_view text) {
-  log::Level level;
-  return log::parse_level(text, level);
+  util::log::Level level;
+  return util::log::parse_level(text, level);
 }
 
 // The settings table. Flags and variables are part of the interface (docs/product.md §3.3).

@@ -11,6 +11,7 @@
 
 #include "common/api/errors.hpp"
 #include "common/api/table.hpp"
+#include "common/http/client.hpp"
 #include "common/util/cidr.hpp"
 #include "common/util/duration.hpp"
 #include "common/util/executor.hpp"
@@ -20,12 +21,6 @@
 #include "daemon/engines.hpp"
 #include "daemon/http_server.hpp"
 #include "daemon/notify.hpp"
-
-#include <Poco/Net/Context.h>
-#include <Poco/Net/HTTPClientSession.h>
-#include <Poco/Net/HTTPRequest.h>
-#include <Poco/Net/HTTPResponse.h>
-#include <Poco/Net/HTTPSClientSession.h>
 
 namespace vllmd::daemon {
 
@@ -55,29 +50,30 @@ tl::expected<std::vector<std::string>, std::string> read_key_file(const std::str
   return keys;
 }
 
-// One GET /health against our own listener: proof that the event loop accepts, reads and
-// answers. Any status counts (503 while engines are down is an answer too).
-bool probe_server(const std::string& host, std::uint16_t port, bool secure) {
-  const std::string target = host == "0.0.0.0" ? "127.0.0.1" : (host == "::" ? "::1" : host);
-  try {
-    // Our own certificate need not be trusted for this: it checks liveness, not identity.
-    static const Poco::Net::Context::Ptr self_check_tls(new Poco::Net::Context(
-        Poco::Net::Context::TLS_CLIENT_USE, "", Poco::Net::Context::VERIFY_NONE));
-    std::unique_ptr<Poco::Net::HTTPClientSession> owned =
-        secure ? std::make_unique<Poco::Net::HTTPSClientSession>(target, port, self_check_tls)
-               : std::make_unique<Poco::Net::HTTPClientSession>(target, port);
-    Poco::Net::HTTPClientSession& session = *owned;
-    session.setTimeout(Poco::Timespan(2, 0));
-    Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_GET, "/health",
-                                   Poco::Net::HTTPMessage::HTTP_1_1);
-    session.sendRequest(request);
-    Poco::Net::HTTPResponse response;
-    session.receiveResponse(response).ignore(1 << 16);
-    return response.getStatus() >= 200;
-  } catch (const std::exception& error) {
-    log::warning("watchdog self-check failed: ", error.what());
-    return false;
-  }
+// A client for GET /health against our own listener: proof that the event loop accepts,
+// reads and answers. Our own certificate need not be trusted: this checks liveness, not
+// identity. One attempt of at most 2 s, so a hung loop stops the watchdog soon.
+vllmd::http::Client self_check_client(const std::string& host, std::uint16_t port, bool secure) {
+  vllmd::http::Endpoint endpoint;
+  endpoint.scheme = secure ? "https" : "http";
+  endpoint.host = host == "0.0.0.0" ? "127.0.0.1" : (host == "::" ? "::1" : host);
+  endpoint.port = port;
+  vllmd::http::ClientOptions options;
+  options.timeout = std::chrono::seconds(2);
+  options.retry.retries = 0;
+  options.verify_peer = false;
+  return vllmd::http::Client(std::move(endpoint), std::move(options));
+}
+
+// Any status counts (503 while engines are down is an answer too).
+bool answers_health(const vllmd::http::Client& client) {
+  vllmd::http::Request request;
+  request.method = "GET";
+  request.path = "/health";
+  request.retry = false;
+  auto reply = client.request(request);
+  if (!reply) util::log::warning("watchdog self-check failed: ", reply.error().message);
+  return reply.has_value();
 }
 
 // Loads the configuration and the API key file it names.
@@ -94,9 +90,9 @@ tl::expected<Invocation, LoadError> load_all(int argc, const char* const* argv) 
 }
 
 void apply_log_level(const Config& config) {
-  log::Level level = log::Level::kInfo;
-  log::parse_level(config.log_level, level);
-  log::set_level(level);
+  util::log::Level level = util::log::Level::kInfo;
+  util::log::parse_level(config.log_level, level);
+  util::log::set_level(level);
 }
 
 Policy policy_of(const Config& config) {
@@ -114,7 +110,8 @@ std::optional<std::string> reload(int argc, const char* const* argv, const Confi
                                   ServerContext& context) {
   auto fresh = load_all(argc, argv);
   if (!fresh) {
-    log::error("reload failed, keeping the running configuration: ", fresh.error().error.line());
+    util::log::error("reload failed, keeping the running configuration: ",
+                     fresh.error().error.line());
     return fresh.error().error.line();
   }
   const Config& next = fresh->config;
@@ -124,14 +121,14 @@ std::optional<std::string> reload(int argc, const char* const* argv, const Confi
       next.handshake_address != running.handshake_address || next.mode != running.mode ||
       next.data_parallel_size != running.data_parallel_size || next.command != running.command;
   if (restart_needed) {
-    log::warning(
+    util::log::warning(
         "reload: listener, dev-mode or engine settings changed; they apply at the next "
         "restart");
   }
   // Said before the new level applies, so the line survives a move to a quieter level.
-  log::notice("configuration reloaded: log level ", next.log_level, ", ", next.api_keys.size(),
-              " API key(s), ", next.allowlist.size(), " allowlist block(s), body limit ",
-              next.max_body_bytes, " bytes");
+  util::log::notice("configuration reloaded: log level ", next.log_level, ", ",
+                    next.api_keys.size(), " API key(s), ", next.allowlist.size(),
+                    " allowlist block(s), body limit ", next.max_body_bytes, " bytes");
   context.set_policy(policy_of(next));
   apply_log_level(next);
   return std::nullopt;
@@ -161,10 +158,10 @@ api::Response render_metrics(const Metrics& metrics, Engines& engines, const Htt
 
 api::ServiceOptions service_options(const Config& config) {
   api::ServiceOptions options;
-  options.lifecycle_timeout = milliseconds_of(config.call_timeout);
-  options.query_timeout = milliseconds_of(config.query_timeout);
+  options.lifecycle_timeout = util::milliseconds_of(config.call_timeout);
+  options.query_timeout = util::milliseconds_of(config.query_timeout);
   options.world_size_fallback = config.world_size;
-  options.session_idle_timeout = milliseconds_of(config.session_idle_timeout);
+  options.session_idle_timeout = util::milliseconds_of(config.session_idle_timeout);
   return options;
 }
 
@@ -201,16 +198,16 @@ std::optional<int> answer_without_serving(const tl::expected<Invocation, LoadErr
 }
 
 void log_starting(const Config& config) {
-  log::info("vllmd ", kVersion, " starting: engine mode ", mode_name(config.mode),
-            config.config_file.empty() ? "" : ", config " + config.config_file);
+  util::log::info("vllmd ", kVersion, " starting: engine mode ", mode_name(config.mode),
+                  config.config_file.empty() ? "" : ", config " + config.config_file);
   if (config.dev_mode) {
-    log::warning("dev mode is on: the weight-sync routes can overwrite the model's weights");
+    util::log::warning("dev mode is on: the weight-sync routes can overwrite the model's weights");
   }
   if (config.dev_mode && !util::is_loopback_host(config.host) && config.api_keys.empty() &&
       config.allowlist.empty()) {
-    log::warning("insecure dev mode: listening on non-loopback address ", config.host,
-                 " with neither API keys nor an allowlist; anyone who can reach it can "
-                 "overwrite the weights (server.insecure_dev_mode)");
+    util::log::warning("insecure dev mode: listening on non-loopback address ", config.host,
+                       " with neither API keys nor an allowlist; anyone who can reach it can "
+                       "overwrite the weights (server.insecure_dev_mode)");
   }
 }
 
@@ -239,7 +236,7 @@ class Daemon {
         reload_all();
         continue;
       }
-      log::notice("signal ", number, ": shutting down");
+      util::log::notice("signal ", number, ": shutting down");
       return;
     }
   }
@@ -250,8 +247,8 @@ class Daemon {
     notifier_->stopping();
     server_->stop_accepting();
     if (!server_->wait_idle(config_.drain_timeout)) {
-      log::warning("requests still in flight after ", config_.drain_timeout,
-                   " s; failing them with 503");
+      util::log::warning("requests still in flight after ", config_.drain_timeout,
+                         " s; failing them with 503");
       engines_->client().close();
       server_->wait_idle(2);
     }
@@ -259,7 +256,7 @@ class Daemon {
     executor_->stop();
     server_.reset();
     engines_.reset();
-    log::notice("stopped");
+    util::log::notice("stopped");
   }
 
  private:
@@ -267,8 +264,8 @@ class Daemon {
     try {
       server_ = std::make_unique<HttpServer>(config_, context_);
     } catch (const Poco::Exception& error) {
-      log::error("server.tls_cert_file/server.tls_key_file: cannot use them: ",
-                 error.displayText());
+      util::log::error("server.tls_cert_file/server.tls_key_file: cannot use them: ",
+                       error.displayText());
       return exit_code::kConfig;
     } catch (const std::exception& error) {
       std::fprintf(stderr, "vllmd: %s\n", error.what());
@@ -280,7 +277,7 @@ class Daemon {
   std::optional<int> start_engines_and_service() {
     auto engines = Engines::start(config_);
     if (!engines) {
-      log::error("cannot start the engine link: ", engines.error());
+      util::log::error("cannot start the engine link: ", engines.error());
       return exit_code::kUnavailable;
     }
     engines_ = std::move(*engines);
@@ -305,17 +302,18 @@ class Daemon {
     context_.dev_mode = config_.dev_mode;
     context_.set_policy(policy_of(config_));
     server_->start();
-    log::notice("listening on ", server_->secure() ? "https://" : "http://", config_.host, ":",
-                server_->port());
+    util::log::notice("listening on ", server_->secure() ? "https://" : "http://", config_.host,
+                      ":", server_->port());
     if (!config_.port_file.empty()) {
       std::ofstream(config_.port_file) << server_->port() << "\n";
     }
     // The watchdog is fed while a request over the socket is answered (whatever its status:
     // API keys and allowlists do not matter) and the executor runs tasks.
-    notifier_.emplace(engines_->client(), [this, host = config_.host, port = server_->port(),
-                                           secure = server_->secure()] {
-      return probe_server(host, port, secure) && executor_->responsive(std::chrono::seconds(2));
-    });
+    notifier_.emplace(
+        engines_->client(),
+        [this, self_check = self_check_client(config_.host, server_->port(), server_->secure())] {
+          return answers_health(self_check) && executor_->responsive(std::chrono::seconds(2));
+        });
     notifier_->start();
     service_->set_daemon_hooks(
         {.metrics = [this] { return render_metrics(metrics_, *engines_, *server_, *executor_); },
@@ -348,7 +346,7 @@ class Daemon {
 
 int run(int argc, const char* const* argv) {
   const sigset_t signals = block_signals();
-  log::set_component("vllmd");
+  util::log::set_component("vllmd");
   const auto invocation = load_all(argc, argv);
   if (const auto status = answer_without_serving(invocation)) return *status;
   const Config& config = invocation->config;

@@ -43,7 +43,7 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
   options.handshake_address = config.handshake_address;
   options.advertised_host = config.advertised_host;
   options.data_parallel_size = config.data_parallel_size;
-  options.startup_timeout = milliseconds_of(config.startup_timeout);
+  options.startup_timeout = util::milliseconds_of(config.startup_timeout);
   if (const auto master = parse_data_parallel_master(config.data_parallel_master)) {
     // vLLM's port list: five ports, the last popped as the master; here the operator's port
     // and the four after it, so a firewall needs PORT to PORT+4 open on the master's host.
@@ -52,17 +52,17 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
     ports.push_back(master->port);
     options.data_parallel_master =
         wire::split_master_ports(master->host, std::move(ports), config.data_parallel_size);
-    log::info("coordinated data parallelism: DP master ", master->host, ":", master->port,
-              " (ports ", master->port, "-", master->port + 4, ")");
+    util::log::info("coordinated data parallelism: DP master ", master->host, ":", master->port,
+                    " (ports ", master->port, "-", master->port + 4, ")");
   }
-  options.probe_interval = milliseconds_of(config.probe_interval);
-  options.probe_timeout = milliseconds_of(config.query_timeout);
+  options.probe_interval = util::milliseconds_of(config.probe_interval);
+  options.probe_timeout = util::milliseconds_of(config.query_timeout);
   auto client = engine::EngineClient::create(options);
   if (!client) return tl::unexpected(client.error());
   engines->client_ = std::move(*client);
 
   if (config.mode == EngineMode::kEmbedded) {
-    log::warning(
+    util::log::warning(
         "embedded mode: serving the in-process reference engine; no model is loaded and "
         "no weights go anywhere");
     reference::ReferenceEngineOptions embedded;
@@ -76,7 +76,7 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
       return tl::unexpected(spawned.error());
     }
   } else {
-    log::info(
+    util::log::info(
         "external mode: start engines with `vllm serve MODEL --headless "
         "--data-parallel-address HOST --data-parallel-rpc-port PORT` at ",
         engines->client_->handshake_endpoint());
@@ -95,7 +95,7 @@ tl::expected<void, std::string> Engines::spawn_managed(const Config& config) {
     return tl::unexpected("cannot start the engine command '" + argv[0] +
                           "': " + std::strerror(error));
   }
-  log::info("managed mode: started engine process ", managed_pid_, ": ", argv[0]);
+  util::log::info("managed mode: started engine process ", managed_pid_, ": ", argv[0]);
   supervisor_ = std::thread([this, pid = managed_pid_] {
     int status = 0;
     const pid_t reaped = ::waitpid(pid, &status, 0);
@@ -109,8 +109,8 @@ tl::expected<void, std::string> Engines::spawn_managed(const Config& config) {
       how = "was killed by signal " + std::to_string(WTERMSIG(status));
     }
     if (how.empty()) return;
-    log::error("managed engine process ", pid, " ", how,
-               "; weight-sync routes answer 503 until an engine attaches again");
+    util::log::error("managed engine process ", pid, " ", how,
+                     "; weight-sync routes answer 503 until an engine attaches again");
     // Its connections may linger a moment, or the process had loaded no engine yet: dead now.
     for (int rank = 0; rank < client_->data_parallel_size(); ++rank) {
       client_->mark_dead(rank, "managed engine process " + how);

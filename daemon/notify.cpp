@@ -24,7 +24,7 @@ Notifier::~Notifier() { stopping(); }
 void Notifier::start() {
   if (!active_) return;
   if (watchdog_.count() > 0) {
-    log::info("systemd watchdog every ", watchdog_.count() / 1000, " ms");
+    util::log::info("systemd watchdog every ", watchdog_.count() / 1000, " ms");
   }
   thread_ = std::thread([this] { watch(); });
 }

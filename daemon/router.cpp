@@ -195,10 +195,10 @@ void Router::answer(const RouteMatch& match, http::Exchange& exchange, api::Resp
 void Router::record(const std::optional<util::IpAddress>& peer, std::string_view method,
                     std::string_view path, int status, double total_ms, double engine_ms) const {
   if (context_.metrics != nullptr) context_.metrics->count_request(path, status);
-  if (!log::enabled(log::Level::kInfo)) return;
-  log::info(peer_text(peer), " ", log::escaped(method), " ", log::escaped(path), " ", status, " ",
-            static_cast<long long>(total_ms * 1000) / 1000.0,
-            "ms engine=", static_cast<long long>(engine_ms * 1000) / 1000.0, "ms");
+  if (!util::log::enabled(util::log::Level::kInfo)) return;
+  util::log::info(peer_text(peer), " ", util::log::escaped(method), " ", util::log::escaped(path),
+                  " ", status, " ", static_cast<long long>(total_ms * 1000) / 1000.0,
+                  "ms engine=", static_cast<long long>(engine_ms * 1000) / 1000.0, "ms");
 }
 
 }  // namespace vllmd::daemon

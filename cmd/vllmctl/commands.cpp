@@ -4,7 +4,7 @@
 
 #include "cmd/vllmctl/reply.hpp"
 #include "common/api/errors.hpp"
-#include "common/wire/msgpack_to_json.hpp"
+#include "common/wire/json_text.hpp"
 
 namespace vllmd::vllmctl {
 

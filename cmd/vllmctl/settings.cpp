@@ -68,7 +68,7 @@ tl::expected<Context, std::string> make_context(const GlobalFlags& flags, const 
   if (!token) return tl::unexpected(token.error());
   http::ClientOptions options;
   options.token = std::move(*token);
-  options.timeout = milliseconds_of(flags.timeout);
+  options.timeout = util::milliseconds_of(flags.timeout);
   options.trace = [output](std::string_view line) { output.trace(line); };
   options.ca_file = flags.ca_file;
   if (!options.ca_file.empty() && endpoint->scheme != "https") {

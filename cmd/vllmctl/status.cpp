@@ -6,7 +6,7 @@
 #include "cmd/vllmctl/commands.hpp"
 #include "cmd/vllmctl/reply.hpp"
 #include "common/api/errors.hpp"
-#include "common/wire/msgpack_to_json.hpp"
+#include "common/wire/json_text.hpp"
 
 namespace vllmd::vllmctl {
 

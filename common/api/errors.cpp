@@ -1,6 +1,6 @@
 #include "common/api/errors.hpp"
 
-#include "common/wire/msgpack_to_json.hpp"
+#include "common/wire/json_text.hpp"
 
 namespace vllmd::api {
 

@@ -10,8 +10,8 @@
 #include "common/api/replies.hpp"
 #include "common/api/service.hpp"
 #include "common/util/log.hpp"
+#include "common/wire/json_text.hpp"
 #include "common/wire/msgpack_codec.hpp"
-#include "common/wire/msgpack_to_json.hpp"
 
 namespace vllmd::api {
 
@@ -283,7 +283,7 @@ void WeightSyncService::lose(const std::vector<int>& restarted,
                std::to_string(now[rank]);
   }
   message += "); nothing was committed";
-  log::warning(message);
+  util::log::warning(message);
   std::vector<int> survivors;
   for (std::size_t rank = 0; rank < session.size(); ++rank) {
     if (std::find(restarted.begin(), restarted.end(), static_cast<int>(rank)) == restarted.end()) {
@@ -310,7 +310,7 @@ void WeightSyncService::close_sessions(const std::vector<int>& ranks,
   fan_out("finish_weight_update", "", "collective_rpc", {header}, options, Changes::kNothing, ranks,
           [this, then, incarnations = options.incarnations](FanOut result) {
             const std::string outcome = close_outcome(result.replies, incarnations);
-            log::notice("weight-update session recovery: ", outcome);
+            util::log::notice("weight-update session recovery: ", outcome);
             then(outcome);
           });
 }

@@ -116,13 +116,13 @@ void WeightSyncService::deliver_scheduler(int rank, std::pair<std::string, std::
               undelivered_scheduler_.erase(found);
             }
             if (!reply.value) {
-              log::warning("engine rank ", rank, " refused the ", call.first,
-                           " it could not be given earlier: ", reply.value.error().message);
+              util::log::warning("engine rank ", rank, " refused the ", call.first,
+                                 " it could not be given earlier: ", reply.value.error().message);
               return;
             }
             known_.set_paused(rank, result.sequence, call.first == "pause_scheduler");
-            log::notice("delivered ", call.first, " to engine rank ", rank,
-                        " now that it answers again");
+            util::log::notice("delivered ", call.first, " to engine rank ", rank,
+                              " now that it answers again");
           });
 }
 

@@ -5,8 +5,8 @@
 #include "common/api/replies.hpp"
 #include "common/util/log.hpp"
 #include "common/version.hpp"
+#include "common/wire/json_text.hpp"
 #include "common/wire/msgpack_codec.hpp"
-#include "common/wire/msgpack_to_json.hpp"
 
 namespace vllmd::api {
 
@@ -79,7 +79,7 @@ void WeightSyncService::fan_out(std::string operation_name, std::string metric,
           return reply.value || reply.value.error().kind != CallErrorKind::kUnavailable;
         });
     if (observer_ && !metric.empty() && reached_engine) observer_(metric, result.seconds);
-    if (result.error) log::warning(result.error->message);
+    if (result.error) util::log::warning(result.error->message);
     then(std::move(result));
   };
   if (ranks.empty()) {

@@ -47,11 +47,11 @@ bool valid_session_id(std::string_view id) {
 
 void Sessions::expire_idle_owner(Clock::time_point now) {
   if (!open_ || !owner_ || now - last_activity_ < idle_limit_) return;
-  log::notice(
-      "the weight-update session owned by a client idle for ",
-      seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(now - last_activity_)),
-      " is now anonymous (server.session_idle_timeout): any client may continue or "
-      "finish it");
+  util::log::notice("the weight-update session owned by a client idle for ",
+                    util::seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(
+                        now - last_activity_)),
+                    " is now anonymous (server.session_idle_timeout): any client may continue or "
+                    "finish it");
   owner_.reset();
 }
 

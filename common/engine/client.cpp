@@ -142,9 +142,9 @@ tl::expected<std::unique_ptr<EngineClient>, std::string> EngineClient::create(
     }
     io.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (io.wake_fd < 0) return tl::unexpected(std::string("eventfd: ") + std::strerror(errno));
-    log::info("engine link: handshake ", io.handshake_endpoint, ", input ", io.input_endpoint,
-              ", output ", io.output_endpoint, "; waiting for ", io.options.data_parallel_size,
-              " engine(s)");
+    util::log::info("engine link: handshake ", io.handshake_endpoint, ", input ", io.input_endpoint,
+                    ", output ", io.output_endpoint, "; waiting for ",
+                    io.options.data_parallel_size, " engine(s)");
     io.io_thread = std::thread([&io] { io.run(); });
   } catch (const std::exception& error) {
     return tl::unexpected(std::string(error.what()));

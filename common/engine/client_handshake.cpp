@@ -24,7 +24,7 @@ void EngineClient::Impl::drain_input() {
   for (std::size_t n = 0; n < kDrainBatch && receive(input, parts, 2); ++n) {
     EngineSlot* engine = slot_for_identity(view(parts[0]));
     if (engine == nullptr) {
-      log::warning("engine link: ignoring input from an unknown engine identity");
+      util::log::warning("engine link: ignoring input from an unknown engine identity");
       continue;
     }
     // The identity frame is made up by the ROUTER; the payload frame knows its connection.
@@ -40,15 +40,16 @@ void EngineClient::Impl::drain_handshake() {
   for (std::size_t n = 0; n < kDrainBatch && receive(handshake, parts, 2); ++n) {
     EngineSlot* engine = slot_for_identity(view(parts[0]));
     if (engine == nullptr || parts.size() < 2) {
-      log::warning("engine link: rejecting a handshake message from an unknown identity (",
-                   parts[0].size(), " bytes; want the DP rank as 2 little-endian bytes below ",
-                   options.data_parallel_size, ")");
+      util::log::warning("engine link: rejecting a handshake message from an unknown identity (",
+                         parts[0].size(),
+                         " bytes; want the DP rank as 2 little-endian bytes below ",
+                         options.data_parallel_size, ")");
       continue;
     }
     auto message = wire::decode_handshake_status(view(parts[1]));
     if (!message) {
-      log::warning("engine link: bad handshake message from engine rank ", engine->status.rank,
-                   ": ", message.error());
+      util::log::warning("engine link: bad handshake message from engine rank ",
+                         engine->status.rank, ": ", message.error());
       continue;
     }
     if (message->status == "HELLO") {
@@ -56,8 +57,8 @@ void EngineClient::Impl::drain_handshake() {
     } else if (message->status == "READY") {
       on_ready(*engine);
     } else {
-      log::warning("engine link: unknown handshake status '", message->status,
-                   "' from engine rank ", engine->status.rank);
+      util::log::warning("engine link: unknown handshake status '", message->status,
+                         "' from engine rank ", engine->status.rank);
     }
   }
 }
@@ -105,8 +106,8 @@ void EngineClient::Impl::on_input_dropped(int fd) {
   switch (engine->status.state) {
     case EngineState::kReady: return mark_disconnected(*engine, "input connection dropped");
     case EngineState::kHandshaking:
-      log::warning("engine link: engine rank ", engine->status.rank,
-                   "'s input connection dropped before READY; it is probed once admitted");
+      util::log::warning("engine link: engine rank ", engine->status.rank,
+                         "'s input connection dropped before READY; it is probed once admitted");
       engine->input_lost = true;
       return;
     default: return;  // dead (by a timeout) or already disconnected: nothing more to lose
@@ -125,8 +126,8 @@ void EngineClient::Impl::on_handshake_dropped(int fd) {
   if (!loading && !engine->startup_timed_out) return;
   // Maybe gone, maybe ZeroMQ reconnects it: a READY that still comes is admitted, and a new
   // HELLO is a restart rather than a duplicate.
-  log::warning("engine link: engine rank ", engine->status.rank,
-               "'s handshake connection dropped before READY");
+  util::log::warning("engine link: engine rank ", engine->status.rank,
+                     "'s handshake connection dropped before READY");
   if (loading) set_state(*engine, EngineState::kHandshaking, "handshake connection dropped");
 }
 
@@ -153,8 +154,8 @@ int EngineClient::Impl::unique_fd(int fd, int EngineSlot::*field, const EngineSl
   if (fd < 0) return -1;
   for (const EngineSlot& other : engines) {
     if (&other != &engine && other.*field == fd) {
-      log::debug("engine link: fd ", fd, " was engine rank ", other.status.rank,
-                 "'s; not tying rank ", engine.status.rank, " to its disconnect events");
+      util::log::debug("engine link: fd ", fd, " was engine rank ", other.status.rank,
+                       "'s; not tying rank ", engine.status.rank, " to its disconnect events");
       return -1;
     }
   }
@@ -167,7 +168,7 @@ void EngineClient::Impl::on_hello(EngineSlot& engine, int fd) {
   // The same connection saying HELLO twice is a protocol error; another one is a restart.
   if (engine.status.state == EngineState::kHandshaking && engine.handshake_fd >= 0 &&
       fd == engine.handshake_fd) {
-    log::warning("engine link: duplicate HELLO from engine rank ", rank, " rejected");
+    util::log::warning("engine link: duplicate HELLO from engine rank ", rank, " rejected");
     return;
   }
   if (engine.status.state == EngineState::kReady ||
@@ -182,7 +183,7 @@ void EngineClient::Impl::on_hello(EngineSlot& engine, int fd) {
     handshake.send(zmq::buffer(engine.identity), zmq::send_flags::sndmore);
     handshake.send(zmq::buffer(init_message), zmq::send_flags::none);
   } catch (const zmq::error_t& error) {
-    log::warning("engine link: cannot send INIT to engine rank ", rank, ": ", error.what());
+    util::log::warning("engine link: cannot send INIT to engine rank ", rank, ": ", error.what());
     return;
   }
   engine.got_ready = engine.got_registration = false;
@@ -194,7 +195,7 @@ void EngineClient::Impl::on_hello(EngineSlot& engine, int fd) {
   engine.startup_deadline = options.startup_timeout.count() > 0
                                 ? Clock::now() + options.startup_timeout
                                 : Clock::time_point::max();
-  log::info("engine link: HELLO from engine rank ", rank, "; sent INIT");
+  util::log::info("engine link: HELLO from engine rank ", rank, "; sent INIT");
   set_state(engine, EngineState::kHandshaking, "");
 }
 
@@ -208,8 +209,8 @@ bool awaiting_admission(const EngineSlot& engine) {
 
 void EngineClient::Impl::on_ready(EngineSlot& engine) {
   if (!awaiting_admission(engine) || engine.got_ready) {
-    log::warning("engine link: unexpected READY from engine rank ", engine.status.rank,
-                 " rejected");
+    util::log::warning("engine link: unexpected READY from engine rank ", engine.status.rank,
+                       " rejected");
     return;
   }
   engine.got_ready = true;
@@ -218,14 +219,14 @@ void EngineClient::Impl::on_ready(EngineSlot& engine) {
 
 void EngineClient::Impl::on_registration(EngineSlot& engine, std::string_view frame, int fd) {
   if (!awaiting_admission(engine) || engine.got_registration) {
-    log::warning("engine link: unexpected input frame from engine rank ", engine.status.rank);
+    util::log::warning("engine link: unexpected input frame from engine rank ", engine.status.rank);
     return;
   }
   read_events(Link::kInput);  // stale events of this fd's earlier connections first
   auto registration = wire::decode_registration(frame);
   if (!registration) {
-    log::warning("engine link: unreadable registration from engine rank ", engine.status.rank, " (",
-                 registration.error(), "); treating it as empty");
+    util::log::warning("engine link: unreadable registration from engine rank ", engine.status.rank,
+                       " (", registration.error(), "); treating it as empty");
     registration = wire::Registration{};
   }
   {
@@ -246,7 +247,7 @@ void EngineClient::Impl::admit_if_complete(EngineSlot& engine) {
   }
   ++admissions_total;
   const wire::Registration& registration = engine.status.registration;
-  log::info(
+  util::log::info(
       "engine link: engine rank ", engine.status.rank, " ready",
       engine.startup_timed_out ? " (after its startup timeout)" : "",
       registration.empty ? " (empty registration)" : "",
@@ -267,9 +268,9 @@ void EngineClient::Impl::admit_if_complete(EngineSlot& engine) {
 void EngineClient::Impl::expire_startups(Clock::time_point now) {
   for (EngineSlot& engine : engines) {
     if (engine.status.state != EngineState::kHandshaking || engine.startup_deadline > now) continue;
-    const std::string reason = "no READY within " + seconds_text(options.startup_timeout);
-    log::warning("engine link: engine rank ", engine.status.rank, " is dead: ", reason,
-                 "; a READY that still comes is admitted");
+    const std::string reason = "no READY within " + util::seconds_text(options.startup_timeout);
+    util::log::warning("engine link: engine rank ", engine.status.rank, " is dead: ", reason,
+                       "; a READY that still comes is admitted");
     engine.startup_timed_out = true;
     set_state(engine, EngineState::kDead, reason);
   }

@@ -56,7 +56,7 @@ void EngineClient::Impl::run() {
       pending_count.store(pending.size() - probes_pending, std::memory_order_relaxed);
     } catch (const zmq::error_t& error) {
       if (error.num() == ETERM) break;
-      log::error("engine link: ", error.what());
+      util::log::error("engine link: ", error.what());
     }
   }
   shut_down();
@@ -122,8 +122,8 @@ void EngineClient::Impl::send_call(const Submission& submission, OutgoingCall& c
     return unavailable("cannot send to engine rank " + std::to_string(call.rank) + ": " +
                        zmq_strerror(error));
   }
-  log::debug("engine link: sent ", submission.method, " call ", call.call_id, " to rank ",
-             call.rank);
+  util::log::debug("engine link: sent ", submission.method, " call ", call.call_id, " to rank ",
+                   call.rank);
   add_pending(call.call_id, PendingCall{submission.batch, call.index, call.rank, submission.method,
                                         submission.options, submission.deadline});
 }
@@ -187,7 +187,7 @@ void EngineClient::Impl::drain_output() {
                            " sent an undecodable reply: " + outputs.error());
         }
       }
-      log::warning("engine link: dropped an undecodable reply: ", outputs.error());
+      util::log::warning("engine link: dropped an undecodable reply: ", outputs.error());
       continue;
     }
     if (outputs->utility_output) on_reply(*outputs, fd);
@@ -210,7 +210,7 @@ void EngineClient::Impl::on_core_dead(int fd) {
   if (sender != nullptr) {
     mark_dead(*sender, "engine sent ENGINE_CORE_DEAD");
   } else {
-    log::warning(
+    util::log::warning(
         "engine link: ENGINE_CORE_DEAD from an unidentified engine; waiting for its "
         "connection to drop");
   }
@@ -219,9 +219,9 @@ void EngineClient::Impl::on_core_dead(int fd) {
 void EngineClient::Impl::on_reply(const wire::EngineCoreOutputs& outputs, int fd) {
   const wire::UtilityOutput& reply = *outputs.utility_output;
   if (is_unsolicited(reply.call_id)) {
-    log::debug("engine link: ignoring an unsolicited utility output (call id ",
-               static_cast<std::int64_t>(reply.call_id.bits), ") from engine ",
-               outputs.engine_index);
+    util::log::debug("engine link: ignoring an unsolicited utility output (call id ",
+                     static_cast<std::int64_t>(reply.call_id.bits), ") from engine ",
+                     outputs.engine_index);
     return;
   }
   const auto found = reply.call_id.negative ? pending.end() : pending.find(reply.call_id.bits);
@@ -249,7 +249,7 @@ void EngineClient::Impl::on_late_reply(std::uint64_t call_id) {
     }
     return;
   }
-  log::debug("engine link: reply to unknown call id ", call_id);
+  util::log::debug("engine link: reply to unknown call id ", call_id);
 }
 
 void EngineClient::Impl::fail_pending(int rank, CallErrorKind kind, const std::string& message) {
@@ -292,11 +292,11 @@ void EngineClient::Impl::expire(Clock::time_point now) {
   for (auto& [id, call] : expired) {
     if (!call.batch) continue;
     call.batch->complete(
-        call.index,
-        tl::unexpected(CallError{CallErrorKind::kTimeout,
-                                 "engine rank " + std::to_string(call.rank) + " did not answer " +
-                                     call.method + " within " + seconds_text(call.options.timeout),
-                                 true}));
+        call.index, tl::unexpected(CallError{CallErrorKind::kTimeout,
+                                             "engine rank " + std::to_string(call.rank) +
+                                                 " did not answer " + call.method + " within " +
+                                                 util::seconds_text(call.options.timeout),
+                                             true}));
   }
   expire_startups(now);
 }

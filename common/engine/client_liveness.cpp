@@ -50,7 +50,7 @@ void EngineClient::Impl::mark_dead(EngineSlot& engine, const std::string& reason
     return;
   }
   const int rank = engine.status.rank;
-  log::warning("engine link: engine rank ", rank, " is dead: ", reason);
+  util::log::warning("engine link: engine rank ", rank, " is dead: ", reason);
   engine.dead_by_timeout = by_timeout;
   engine.startup_timed_out = false;
   // A timed-out engine may still be there: keep its connections for its revival.
@@ -62,8 +62,8 @@ void EngineClient::Impl::mark_dead(EngineSlot& engine, const std::string& reason
 
 void EngineClient::Impl::mark_disconnected(EngineSlot& engine, const std::string& reason) {
   const int rank = engine.status.rank;
-  log::warning("engine link: engine rank ", rank, " is disconnected: ", reason,
-               "; probing it until ZeroMQ has reconnected it");
+  util::log::warning("engine link: engine rank ", rank, " is disconnected: ", reason,
+                     "; probing it until ZeroMQ has reconnected it");
   engine.input_fd = -1;
   const std::string status_reason = reason + "; waiting for it to reconnect";
   set_state(engine, EngineState::kDisconnected, status_reason);
@@ -74,7 +74,8 @@ void EngineClient::Impl::mark_disconnected(EngineSlot& engine, const std::string
 }
 
 void EngineClient::Impl::revive(EngineSlot& engine, std::string_view why) {
-  log::notice("engine link: engine rank ", engine.status.rank, " ", why, "; it is ready again");
+  util::log::notice("engine link: engine rank ", engine.status.rank, " ", why,
+                    "; it is ready again");
   engine.dead_by_timeout = false;
   drop_probes(engine.status.rank);  // their answers or timeouts would say nothing new
   if (options.probe_interval.count() > 0) engine.next_probe = Clock::now() + options.probe_interval;
@@ -114,12 +115,13 @@ void EngineClient::Impl::send_probe(EngineSlot& engine, Clock::time_point now) {
     if (error == EHOSTUNREACH && engine.status.state == EngineState::kReady) {
       mark_disconnected(engine, "input connection gone");
     } else if (error != EHOSTUNREACH) {
-      log::debug("engine link: cannot probe engine rank ", engine.status.rank, ": ",
-                 zmq_strerror(error));
+      util::log::debug("engine link: cannot probe engine rank ", engine.status.rank, ": ",
+                       zmq_strerror(error));
     }
     return;  // unroutable while disconnected: the next try may find it back
   }
-  log::trace("engine link: probing engine rank ", engine.status.rank, " (call ", call_id, ")");
+  util::log::trace("engine link: probing engine rank ", engine.status.rank, " (call ", call_id,
+                   ")");
   const CallOptions probe_options{options.probe_timeout, false, {}};
   add_pending(call_id, PendingCall{nullptr, 0, engine.status.rank, std::string(kProbeMethod),
                                    probe_options, now + options.probe_timeout});
@@ -137,7 +139,7 @@ void EngineClient::Impl::on_probe_answer(EngineSlot& engine) {
 }
 
 void EngineClient::Impl::on_probe_timeout(EngineSlot& engine) {
-  const std::string after = seconds_text(options.probe_timeout);
+  const std::string after = util::seconds_text(options.probe_timeout);
   if (engine.status.state == EngineState::kReady) {
     mark_dead(engine, "not answering: liveness probe timed out after " + after, true);
   } else if (engine.status.state == EngineState::kDisconnected) {
@@ -149,8 +151,9 @@ void EngineClient::Impl::on_probe_timeout(EngineSlot& engine) {
 // it are then noticed at once (else at the next call or probe, which cannot be routed).
 void EngineClient::Impl::claim_fresh_input_fd(EngineSlot& engine) {
   if (fresh_input_fds.size() != 1) {
-    log::debug("engine link: ", fresh_input_fds.size(), " new input connections; not tying one to ",
-               "engine rank ", engine.status.rank);
+    util::log::debug("engine link: ", fresh_input_fds.size(),
+                     " new input connections; not tying one to ", "engine rank ",
+                     engine.status.rank);
     return;
   }
   engine.input_fd = *fresh_input_fds.begin();

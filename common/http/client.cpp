@@ -43,9 +43,9 @@ std::optional<TransportError> connect(Poco::Net::StreamSocket& socket, const End
     socket.setReceiveTimeout(timespan(timeout));
     socket.setSendTimeout(timespan(timeout));
   } catch (const Poco::TimeoutException&) {
-    return failure(
-        TransportErrorKind::kConnectFailed,
-        "cannot connect to " + endpoint.url() + ": no answer within " + seconds_text(timeout));
+    return failure(TransportErrorKind::kConnectFailed, "cannot connect to " + endpoint.url() +
+                                                           ": no answer within " +
+                                                           util::seconds_text(timeout));
   } catch (const Poco::Exception& error) {
     return failure(TransportErrorKind::kConnectFailed,
                    "cannot connect to " + endpoint.url() + ": " + error.displayText());
@@ -62,7 +62,7 @@ std::optional<TransportError> start_tls(Poco::Net::StreamSocket& socket, const E
     socket = Poco::Net::SecureStreamSocket::attach(socket, endpoint.host, tls);
   } catch (const Poco::TimeoutException&) {
     return failure(TransportErrorKind::kTimeout,
-                   "no TLS handshake within " + seconds_text(timeout));
+                   "no TLS handshake within " + util::seconds_text(timeout));
   } catch (const Poco::Exception& error) {
     return failure(TransportErrorKind::kTls,
                    "TLS with " + endpoint.url() + " failed: " + error.displayText());
@@ -113,7 +113,7 @@ std::optional<TransportError> exchange(Poco::Net::HTTPClientSession& session,
   } catch (const Poco::TimeoutException&) {
     return failure(TransportErrorKind::kTimeout,
                    std::string(sent ? "no reply" : "could not send the request") + " within " +
-                       seconds_text(timeout));
+                       util::seconds_text(timeout));
   } catch (const Poco::Exception& error) {
     return failure(TransportErrorKind::kOther,
                    std::string(sent ? "reading the reply" : "sending the request") +
@@ -178,9 +178,10 @@ Client::Client(Endpoint endpoint, ClientOptions options)
   if (endpoint_.scheme != "https") return;
   Poco::Net::Context::Params params;
   params.caLocation = options_.ca_file;
-  params.loadDefaultCAs = options_.ca_file.empty();
+  params.loadDefaultCAs = options_.verify_peer && options_.ca_file.empty();
   // STRICT: RELAXED would skip the host-name check for loopback addresses.
-  params.verificationMode = Poco::Net::Context::VERIFY_STRICT;
+  params.verificationMode =
+      options_.verify_peer ? Poco::Net::Context::VERIFY_STRICT : Poco::Net::Context::VERIFY_NONE;
   try {
     tls_ = new Poco::Net::Context(Poco::Net::Context::TLS_CLIENT_USE, params);
     tls_->disableProtocols(Poco::Net::Context::PROTO_SSLV2 | Poco::Net::Context::PROTO_SSLV3 |
@@ -224,8 +225,8 @@ tl::expected<Reply, TransportError> Client::request(const Request& request) cons
       if (!result) result.error().attempts = attempt_number;
       return result;
     }
-    trace("retrying in " + seconds_text(delay) + " (attempt " + std::to_string(attempt_number) +
-          " of " + std::to_string(attempts) + " failed)");
+    trace("retrying in " + util::seconds_text(delay) + " (attempt " +
+          std::to_string(attempt_number) + " of " + std::to_string(attempts) + " failed)");
     std::this_thread::sleep_for(delay);
     delay *= 2;
   }

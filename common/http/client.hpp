@@ -81,6 +81,8 @@ struct ClientOptions {
   RetryPolicy retry;
   std::function<void(std::string_view line)> trace;  // one line per attempt (-v)
   std::string ca_file;  // https: PEM CAs the server's certificate must chain to; empty: system's
+  // false: any certificate is accepted, for a liveness check of our own listener only.
+  bool verify_peer = true;
 };
 
 class Client {

@@ -2,20 +2,17 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
-#include "common/reference/python_call.hpp"
 #include "common/reference/worker.hpp"
+#include "common/util/fail.hpp"
 #include "common/wire/msgpack_codec.hpp"
 
 namespace vllmd::reference {
 
 namespace {
 
-using Result = tl::expected<std::string, std::string>;
-using detail::bind_call;
-using detail::type_error;
-
-tl::unexpected<std::string> fail(std::string message) { return tl::unexpected(std::move(message)); }
+using util::fail;
 
 std::string nil() { return std::string(1, '\xc0'); }
 
@@ -109,106 +106,131 @@ std::string ReferenceCore::worker_error(std::string_view error) const {
   return text;
 }
 
+ReferenceCore::Method ReferenceCore::find_method(std::string_view name) {
+  static constexpr std::pair<std::string_view, Method> kMethods[] = {
+      {"collective_rpc", &ReferenceCore::collective_rpc},
+      {"set_weight_version", &ReferenceCore::set_weight_version},
+      {"get_weight_version", &ReferenceCore::get_weight_version},
+      {"pause_scheduler", &ReferenceCore::pause_scheduler},
+      {"resume_scheduler", &ReferenceCore::resume_scheduler},
+      {"is_scheduler_paused", &ReferenceCore::is_scheduler_paused},
+      {"reference_state", &ReferenceCore::reference_state},
+  };
+  for (const auto& [method_name, method] : kMethods) {
+    if (method_name == name) return method;
+  }
+  return nullptr;
+}
+
 tl::expected<std::string, std::string> ReferenceCore::call(std::string_view method,
                                                            std::string_view args_msgpack) {
   auto handle = wire::decode(args_msgpack);
   if (!handle) return fail("cannot decode the call's arguments: " + handle.error());
-  const msgpack::object& args_object = handle->get();
-  if (args_object.type != msgpack::type::ARRAY) {
-    return fail(type_error("utility call arguments", "a list", args_object));
+  const msgpack::object& args = handle->get();
+  if (args.type != msgpack::type::ARRAY) {
+    return fail(type_error("utility call arguments", "a list", args));
   }
-  const detail::Positional args = detail::positional(args_object);
-  const std::string qualname = "EngineCore." + std::string(method);
-
-  if (method == "collective_rpc") {
-    auto bound =
-        bind_call(qualname, {{"method"}, {"timeout", false}, {"args", false}, {"kwargs", false}},
-                  args, nullptr);
-    if (!bound) return fail(bound.error());
-    const msgpack::object* name = (*bound)[0];
-    const msgpack::object* timeout = (*bound)[1];
-    const msgpack::object* worker_args = (*bound)[2];
-    const msgpack::object* kwargs = (*bound)[3];
-    if (name->type != msgpack::type::STR) {
-      return fail(type_error("collective_rpc() argument 'method'", "a str", *name));
-    }
-    if (timeout != nullptr && !wire::is_nil(*timeout) && !is_number(*timeout)) {
-      return fail(type_error("collective_rpc() argument 'timeout'", "a float or None", *timeout));
-    }
-    if (worker_args != nullptr && worker_args->type != msgpack::type::ARRAY) {
-      return fail(type_error("collective_rpc() argument 'args'", "a list", *worker_args));
-    }
-    if (kwargs != nullptr && wire::is_nil(*kwargs)) kwargs = nullptr;
-    if (kwargs != nullptr && kwargs->type != msgpack::type::MAP) {
-      return fail(type_error("collective_rpc() argument 'kwargs'", "a dict or None", *kwargs));
-    }
-    const std::string_view worker_method(name->via.str.ptr, name->via.str.size);
-    const detail::Positional positional =
-        worker_args ? detail::positional(*worker_args) : detail::Positional{};
-    // Every worker runs the method (as vLLM's executor broadcasts it); the executor reads the
-    // answers in rank order, so the lowest failing rank's error wins.
-    std::optional<std::string> first_error;
-    const int world_size = static_cast<int>(workers_.size());
-    for (int rank = 0; rank < world_size; ++rank) {
-      const detail::WorkerContext context{sizes_.data_parallel_rank * world_size + rank, backend_,
-                                          insecure_serialization_};
-      auto status = detail::run_worker_method(workers_[static_cast<std::size_t>(rank)], context,
-                                              worker_method, positional, kwargs);
-      if (!status && !first_error) first_error = status.error();
-    }
-    if (first_error) return fail(worker_error(*first_error));
-    return pack([&](wire::Packer& packer) {
-      packer.pack_array(static_cast<std::uint32_t>(world_size));
-      for (int rank = 0; rank < world_size; ++rank) packer.pack_nil();
-    });
+  const Method run = find_method(method);
+  if (run == nullptr) {
+    return fail("'EngineCore' object has no attribute '" + std::string(method) + "'");
   }
+  return (this->*run)("EngineCore." + std::string(method), positional(args));
+}
 
-  if (method == "set_weight_version") {
-    auto bound = bind_call(qualname, {{"version"}}, args, nullptr);
-    if (!bound) return fail(bound.error());
-    const auto version = wire::as_str(*bound->front());
-    if (!version) return fail(type_error("weight version", "a str", *bound->front()));
-    weight_version_ = std::string(*version);
-    return nil();
-  }
-
-  if (method == "pause_scheduler") {
-    auto bound = bind_call(qualname, {{"mode", false}, {"clear_cache", false}}, args, nullptr);
-    if (!bound) return fail(bound.error());
-    const msgpack::object* mode = (*bound)[0];
-    const msgpack::object* clear_cache = (*bound)[1];
-    if (mode != nullptr) {
-      const auto text = wire::as_str(*mode);
-      if (!text) return fail(type_error("pause mode", "a str", *mode));
-      if (*text != "abort" && *text != "wait" && *text != "keep") {
-        return fail("Invalid pause mode: '" + std::string(*text) +
-                    "'. Expected one of 'abort', 'wait', 'keep'.");
-      }
-    }
-    if (clear_cache != nullptr && clear_cache->type != msgpack::type::BOOLEAN) {
-      return fail(type_error("clear_cache", "a bool", *clear_cache));
-    }
-    paused_ = true;
-    return nil();
-  }
-
-  // The remaining methods take no arguments.
-  const bool known = method == "get_weight_version" || method == "resume_scheduler" ||
-                     method == "is_scheduler_paused" || method == "reference_state";
-  if (!known) return fail("'EngineCore' object has no attribute '" + std::string(method) + "'");
-  auto bound = bind_call(qualname, {}, args, nullptr);
+ReferenceCore::Result ReferenceCore::collective_rpc(const std::string& qualname, Positional args) {
+  auto bound =
+      bind_call(qualname, {{"method"}, {"timeout", false}, {"args", false}, {"kwargs", false}},
+                args, nullptr);
   if (!bound) return fail(bound.error());
-  if (method == "get_weight_version") {
-    return pack([&](wire::Packer& packer) { wire::pack_str(packer, weight_version_); });
+  const msgpack::object* name = (*bound)[0];
+  const msgpack::object* timeout = (*bound)[1];
+  const msgpack::object* worker_args = (*bound)[2];
+  const msgpack::object* kwargs = (*bound)[3];
+  if (name->type != msgpack::type::STR) {
+    return fail(type_error("collective_rpc() argument 'method'", "a str", *name));
   }
-  if (method == "resume_scheduler") {
-    paused_ = false;
-    return nil();
+  if (timeout != nullptr && !wire::is_nil(*timeout) && !is_number(*timeout)) {
+    return fail(type_error("collective_rpc() argument 'timeout'", "a float or None", *timeout));
   }
-  if (method == "is_scheduler_paused") {
-    return pack([&](wire::Packer& packer) { packer.pack(paused_); });
+  if (worker_args != nullptr && worker_args->type != msgpack::type::ARRAY) {
+    return fail(type_error("collective_rpc() argument 'args'", "a list", *worker_args));
   }
-  return encode_state(*this);  // reference_state
+  if (kwargs != nullptr && wire::is_nil(*kwargs)) kwargs = nullptr;
+  if (kwargs != nullptr && kwargs->type != msgpack::type::MAP) {
+    return fail(type_error("collective_rpc() argument 'kwargs'", "a dict or None", *kwargs));
+  }
+  const std::string_view worker_method(name->via.str.ptr, name->via.str.size);
+  const Positional passed = worker_args ? positional(*worker_args) : Positional{};
+  // Every worker runs the method (as vLLM's executor broadcasts it); the executor reads the
+  // answers in rank order, so the lowest failing rank's error wins.
+  std::optional<std::string> first_error;
+  const int world_size = static_cast<int>(workers_.size());
+  for (int rank = 0; rank < world_size; ++rank) {
+    const WorkerContext context{sizes_.data_parallel_rank * world_size + rank, backend_,
+                                insecure_serialization_};
+    auto status = run_worker_method(workers_[static_cast<std::size_t>(rank)], context,
+                                    worker_method, passed, kwargs);
+    if (!status && !first_error) first_error = status.error();
+  }
+  if (first_error) return fail(worker_error(*first_error));
+  return pack([&](wire::Packer& packer) {
+    packer.pack_array(static_cast<std::uint32_t>(world_size));
+    for (int rank = 0; rank < world_size; ++rank) packer.pack_nil();
+  });
+}
+
+ReferenceCore::Result ReferenceCore::set_weight_version(const std::string& qualname,
+                                                        Positional args) {
+  auto bound = bind_call(qualname, {{"version"}}, args, nullptr);
+  if (!bound) return fail(bound.error());
+  const auto version = wire::as_str(*bound->front());
+  if (!version) return fail(type_error("weight version", "a str", *bound->front()));
+  weight_version_ = std::string(*version);
+  return nil();
+}
+
+ReferenceCore::Result ReferenceCore::get_weight_version(const std::string& qualname,
+                                                        Positional args) {
+  if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
+  return pack([&](wire::Packer& packer) { wire::pack_str(packer, weight_version_); });
+}
+
+ReferenceCore::Result ReferenceCore::pause_scheduler(const std::string& qualname, Positional args) {
+  auto bound = bind_call(qualname, {{"mode", false}, {"clear_cache", false}}, args, nullptr);
+  if (!bound) return fail(bound.error());
+  const msgpack::object* mode = (*bound)[0];
+  const msgpack::object* clear_cache = (*bound)[1];
+  if (mode != nullptr) {
+    const auto text = wire::as_str(*mode);
+    if (!text) return fail(type_error("pause mode", "a str", *mode));
+    if (*text != "abort" && *text != "wait" && *text != "keep") {
+      return fail("Invalid pause mode: '" + std::string(*text) +
+                  "'. Expected one of 'abort', 'wait', 'keep'.");
+    }
+  }
+  if (clear_cache != nullptr && clear_cache->type != msgpack::type::BOOLEAN) {
+    return fail(type_error("clear_cache", "a bool", *clear_cache));
+  }
+  paused_ = true;
+  return nil();
+}
+
+ReferenceCore::Result ReferenceCore::resume_scheduler(const std::string& qualname,
+                                                      Positional args) {
+  if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
+  paused_ = false;
+  return nil();
+}
+
+ReferenceCore::Result ReferenceCore::is_scheduler_paused(const std::string& qualname,
+                                                         Positional args) {
+  if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
+  return pack([&](wire::Packer& packer) { packer.pack(paused_); });
+}
+
+ReferenceCore::Result ReferenceCore::reference_state(const std::string& qualname, Positional args) {
+  if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
+  return encode_state(*this);
 }
 
 }  // namespace vllmd::reference

@@ -10,6 +10,8 @@
 #include <tl/expected.hpp>
 #include <vector>
 
+#include "common/reference/python_call.hpp"
+
 namespace vllmd::reference {
 
 enum class Backend { kNccl, kIpc, kNone };
@@ -65,6 +67,19 @@ class ReferenceCore {
   bool paused() const { return paused_; }
 
  private:
+  using Result = tl::expected<std::string, std::string>;
+  // One engine-core method: its qualified name (for CPython's TypeError texts) and arguments.
+  using Method = Result (ReferenceCore::*)(const std::string& qualname, Positional args);
+  static Method find_method(std::string_view name);
+
+  Result collective_rpc(const std::string& qualname, Positional args);
+  Result set_weight_version(const std::string& qualname, Positional args);
+  Result get_weight_version(const std::string& qualname, Positional args);
+  Result pause_scheduler(const std::string& qualname, Positional args);
+  Result resume_scheduler(const std::string& qualname, Positional args);
+  Result is_scheduler_paused(const std::string& qualname, Positional args);
+  Result reference_state(const std::string& qualname, Positional args);
+
   ParallelSizes sizes_;
   Backend backend_;
   bool insecure_serialization_;

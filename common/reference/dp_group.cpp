@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/engine/endpoints.hpp"
+#include "common/util/fail.hpp"
 
 namespace vllmd::reference {
 
@@ -23,6 +24,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using Result = tl::expected<DpGroup, std::string>;
+using util::fail;
 
 constexpr std::chrono::milliseconds kSlice{100};  // longest wait before looking at `stop`
 constexpr std::size_t kMaxLine = 4096;
@@ -43,8 +45,6 @@ class Fd {
  private:
   int fd_;
 };
-
-tl::unexpected<std::string> fail(std::string message) { return tl::unexpected(std::move(message)); }
 
 std::string system_error(std::string_view what) {
   return std::string(what) + ": " + std::strerror(errno);

@@ -91,10 +91,10 @@ template <typename Container> auto find_fault(const Container& faults, const Rec
 
 // One connection to a frontend, from HELLO to the end of serving; owns every socket, all on
 // the engine thread.
-class Session {
+class FrontendConnection {
  public:
-  Session(const ReferenceEngineOptions& options, const std::atomic<bool>& stop_requested,
-          std::function<bool(std::chrono::milliseconds)> sleep)
+  FrontendConnection(const ReferenceEngineOptions& options, const std::atomic<bool>& stop_requested,
+                     std::function<bool(std::chrono::milliseconds)> sleep)
       : options_(options), faults_(options.faults), stop_requested_(stop_requested),
         sleep_(std::move(sleep)),
         core_(parallel_sizes(options), options.backend, options.insecure_serialization),
@@ -187,7 +187,7 @@ class Session {
 
   // HELLO, INIT, registration and READY. False when stopped; throws on protocol errors.
   bool handshake() {
-    log::info(prefix_, "connecting to ", options_.handshake_address);
+    util::log::info(prefix_, "connecting to ", options_.handshake_address);
     handshake_ = open(zmq::socket_type::dealer, options_.handshake_address);
     if (!send(handshake_, wire::encode_handshake_status({"HELLO", false, true}))) return false;
     auto frames = receive(handshake_, Clock::now() + options_.init_timeout);
@@ -199,8 +199,8 @@ class Session {
     auto init = wire::decode_init(view(frames->front()));
     if (!init) throw std::runtime_error("bad INIT message: " + init.error());
     if (init->inputs.size() > 1) {
-      log::warning(prefix_, "INIT lists ", init->inputs.size(),
-                   " input/output pairs; using only the first");
+      util::log::warning(prefix_, "INIT lists ", init->inputs.size(),
+                         " input/output pairs; using only the first");
     }
     // vLLM forms the DP group right after INIT, before it loads the model.
     if (coordinated() &&
@@ -208,7 +208,8 @@ class Session {
       return false;
     }
     if (faults_.delay_ready.count() > 0) {  // the model load
-      log::info(prefix_, "injected delay of ", faults_.delay_ready.count(), " ms before READY");
+      util::log::info(prefix_, "injected delay of ", faults_.delay_ready.count(),
+                      " ms before READY");
       if (!sleep_(faults_.delay_ready)) return false;
     }
     input_ = open(zmq::socket_type::dealer, init->inputs.front());
@@ -224,7 +225,8 @@ class Session {
     // vLLM closes its handshake socket once READY is out.
     handshake_.set(zmq::sockopt::linger, kFlushLingerMs);
     handshake_.close();
-    log::info(prefix_, "ready; inputs ", init->inputs.front(), ", outputs ", init->outputs.front());
+    util::log::info(prefix_, "ready; inputs ", init->inputs.front(), ", outputs ",
+                    init->outputs.front());
     return true;
   }
 
@@ -243,18 +245,18 @@ class Session {
     }
     request.size = static_cast<int>(request.master.data_parallel_size);
     data_parallel_size_ = request.size;
-    log::info(prefix_, "forming the DP group of ", request.size, " ranks; DP master ",
-              request.master.ip, ":", request.master.port,
-              from_init ? " from INIT" : " of its own (INIT names none)");
+    util::log::info(prefix_, "forming the DP group of ", request.size, " ranks; DP master ",
+                    request.master.ip, ":", request.master.port,
+                    from_init ? " from INIT" : " of its own (INIT names none)");
     auto group = reference::form_dp_group(request, stop_requested_);
     if (!group) {
       if (stopping()) return false;
       throw std::runtime_error("EngineCore failed to start: " + group.error());
     }
     group->master_from_init = from_init.has_value();
-    log::info(prefix_, "DP group formed at ", group->master.ip, ":", group->group_port,
-              " (DP master ", group->master.ip, ":", group->master.port, ", ",
-              group->master_from_init ? "from INIT" : "its own", ")");
+    util::log::info(prefix_, "DP group formed at ", group->master.ip, ":", group->group_port,
+                    " (DP master ", group->master.ip, ":", group->master.port, ", ",
+                    group->master_from_init ? "from INIT" : "its own", ")");
     if (options_.on_dp_group) options_.on_dp_group(*group);
     return true;
   }
@@ -269,14 +271,14 @@ class Session {
       auto frames = receive(input_, held_.next_due());
       if (!frames) continue;
       if (frames->size() < 2 || (*frames)[0].size() != 1) {
-        log::warning(prefix_, "ignoring a malformed request message of ", frames->size(),
-                     " frame(s)");
+        util::log::warning(prefix_, "ignoring a malformed request message of ", frames->size(),
+                           " frame(s)");
         continue;
       }
       const auto type = static_cast<unsigned char>(view((*frames)[0])[0]);
       if (type != static_cast<unsigned char>(wire::RequestType::kUtility)) {
-        log::info(prefix_, "ignoring request type ", static_cast<int>(type),
-                  " (only UTILITY is served)");
+        util::log::info(prefix_, "ignoring request type ", static_cast<int>(type),
+                        " (only UTILITY is served)");
         continue;
       }
       if (auto outcome = handle(view((*frames)[1]))) return *outcome;
@@ -284,33 +286,49 @@ class Session {
     return Outcome::kStopped;
   }
 
-  // Serves one UTILITY call; an outcome when the session must end.
+  // Serves one UTILITY call; an outcome when the connection must end.
   std::optional<Outcome> handle(std::string_view payload) {
     const auto received_at = Clock::now();
     auto request = wire::decode_utility_request(payload);
     if (!request) {
-      log::warning(prefix_, "ignoring a malformed UTILITY request: ", request.error());
+      util::log::warning(prefix_, "ignoring a malformed UTILITY request: ", request.error());
       return std::nullopt;
     }
     if (request->client_index != 0) {
-      log::warning(prefix_, "client_index ", request->client_index,
-                   " requested; replying on the only output socket");
+      util::log::warning(prefix_, "client_index ", request->client_index,
+                         " requested; replying on the only output socket");
     }
     ReceivedCall call;
     call.method = std::move(request->method);
     auto args = raw_args(payload);
     call.args_msgpack = args ? std::string(*args) : std::move(request->args_msgpack);
     if (call.method == "collective_rpc") call.worker_method = first_string(call.args_msgpack);
-    log::debug(prefix_, "call ", request->call_id.bits, ": ", call.method,
-               call.worker_method.empty() ? "" : " ", call.worker_method);
+    util::log::debug(prefix_, "call ", request->call_id.bits, ": ", call.method,
+                     call.worker_method.empty() ? "" : " ", call.worker_method);
     if (options_.on_call) options_.on_call(call);
 
+    if (auto outcome = inject_before_reply(call, request->call_id)) return outcome;
+    std::string frame = wire::encode_engine_core_outputs(
+        options_.rank, answer(call, request->call_id), now_seconds(), faults_.reply_fields);
+    if (auto hold = find_fault(faults_.hold, call); hold != faults_.hold.end()) {
+      util::log::debug(prefix_, "injected hold: answering ", hold->first, " in ",
+                       hold->second.count(), " ms");
+      held_.hold(received_at + hold->second, std::move(frame));
+    } else {
+      send(output_, frame);
+    }
+    return std::nullopt;
+  }
+
+  // The faults that strike before a call is answered: a delay, a death, garbage frames.
+  std::optional<Outcome> inject_before_reply(const ReceivedCall& call, wire::CallId call_id) {
     if (auto delay = find_fault(faults_.delay, call); delay != faults_.delay.end()) {
-      log::info(prefix_, "injected delay of ", delay->second.count(), " ms in ", delay->first);
+      util::log::info(prefix_, "injected delay of ", delay->second.count(), " ms in ",
+                      delay->first);
       if (!sleep_(delay->second)) return Outcome::kStopped;
     }
     if (auto dead = find_fault(faults_.send_dead, call); dead != faults_.send_dead.end()) {
-      log::warning(prefix_, "injected fault: sending ENGINE_CORE_DEAD in ", *dead);
+      util::log::warning(prefix_, "injected fault: sending ENGINE_CORE_DEAD in ", *dead);
       send(output_, wire::kEngineCoreDead);
       // Flush the frame before the process may end: close with a bounded linger and wait.
       output_.set(zmq::sockopt::linger, kFlushLingerMs);
@@ -320,17 +338,22 @@ class Session {
       return Outcome::kFaultExit;
     }
     if (auto exit = find_fault(faults_.exit_silently, call); exit != faults_.exit_silently.end()) {
-      log::warning(prefix_, "injected fault: exiting without a reply in ", *exit);
+      util::log::warning(prefix_, "injected fault: exiting without a reply in ", *exit);
       return Outcome::kFaultExit;
     }
     if (auto garbage = find_fault(faults_.garbage, call); garbage != faults_.garbage.end()) {
-      log::warning(prefix_, "injected fault: malformed output frames before the reply to ",
-                   *garbage);
-      send_garbage(request->call_id);
+      util::log::warning(prefix_, "injected fault: malformed output frames before the reply to ",
+                         *garbage);
+      send_garbage(call_id);
     }
+    return std::nullopt;
+  }
+
+  // The call's result from the core, or its injected failure.
+  wire::UtilityOutput answer(const ReceivedCall& call, wire::CallId call_id) {
     const std::string failure_prefix = "Call to " + call.method + " method failed: ";
     wire::UtilityOutput output;
-    output.call_id = request->call_id;
+    output.call_id = call_id;
     auto fail = find_fault(faults_.fail, call);
     auto fail_once = find_fault(faults_.fail_once, call);
     const bool once = fail == faults_.fail.end() && fail_once != faults_.fail_once.end() &&
@@ -346,17 +369,8 @@ class Session {
     } else {
       output.failure_message = failure_prefix + result.error();
     }
-    if (output.failure_message) log::info(prefix_, *output.failure_message);
-    std::string frame = wire::encode_engine_core_outputs(options_.rank, output, now_seconds(),
-                                                         faults_.reply_fields);
-    if (auto hold = find_fault(faults_.hold, call); hold != faults_.hold.end()) {
-      log::debug(prefix_, "injected hold: answering ", hold->first, " in ", hold->second.count(),
-                 " ms");
-      held_.hold(received_at + hold->second, std::move(frame));
-    } else {
-      send(output_, frame);
-    }
-    return std::nullopt;
+    if (output.failure_message) util::log::info(prefix_, *output.failure_message);
+    return output;
   }
 
   // Frames a broken or hostile engine could send: none may crash the client or end the call.
@@ -441,15 +455,15 @@ void ReferenceEngine::run() {
   Outcome outcome = Outcome::kStopped;
   std::string failure;
   try {
-    Session session(options_, stop_requested_, [this](std::chrono::milliseconds duration) {
-      return sleep_unless_stopped(duration);
-    });
-    outcome = session.run();
+    FrontendConnection connection(
+        options_, stop_requested_,
+        [this](std::chrono::milliseconds duration) { return sleep_unless_stopped(duration); });
+    outcome = connection.run();
   } catch (const std::exception& error) {
     failure = error.what();
   }
   if (!failure.empty()) {
-    log::error("reference engine ", options_.rank, ": ", failure);
+    util::log::error("reference engine ", options_.rank, ": ", failure);
     std::lock_guard lock(mutex_);
     error_ = failure;
   }

@@ -2,7 +2,7 @@
 
 #include "common/wire/msgpack_codec.hpp"
 
-namespace vllmd::reference::detail {
+namespace vllmd::reference {
 
 namespace {
 
@@ -127,4 +127,4 @@ std::string type_error(std::string_view what, std::string_view expected,
          std::string(python_type(got));
 }
 
-}  // namespace vllmd::reference::detail
+}  // namespace vllmd::reference

@@ -12,7 +12,7 @@
 #include <tl/expected.hpp>
 #include <vector>
 
-namespace vllmd::reference::detail {
+namespace vllmd::reference {
 
 struct Param {
   std::string_view name;
@@ -50,4 +50,4 @@ std::string no_len_error(const msgpack::object& object);  // "object of type 'in
 std::string type_error(std::string_view what, std::string_view expected,
                        const msgpack::object& got);
 
-}  // namespace vllmd::reference::detail
+}  // namespace vllmd::reference

@@ -6,7 +6,7 @@
 #include "common/reference/python_call.hpp"
 #include "common/wire/msgpack_codec.hpp"
 
-namespace vllmd::reference::detail {
+namespace vllmd::reference {
 
 namespace {
 
@@ -171,4 +171,4 @@ Count read_update_info(const WorkerContext& context, const msgpack::object& info
   return read_nccl_update_info(info);
 }
 
-}  // namespace vllmd::reference::detail
+}  // namespace vllmd::reference

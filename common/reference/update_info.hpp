@@ -11,10 +11,10 @@
 
 #include "common/reference/worker.hpp"
 
-namespace vllmd::reference::detail {
+namespace vllmd::reference {
 
 // The number of tensors the update names, or the exception text vLLM raises.
 tl::expected<std::uint32_t, std::string> read_update_info(const WorkerContext& context,
                                                           const msgpack::object& info);
 
-}  // namespace vllmd::reference::detail
+}  // namespace vllmd::reference

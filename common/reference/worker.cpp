@@ -3,13 +3,15 @@
 #include <vector>
 
 #include "common/reference/update_info.hpp"
+#include "common/util/fail.hpp"
 #include "common/wire/msgpack_codec.hpp"
 
-namespace vllmd::reference::detail {
+namespace vllmd::reference {
 
 namespace {
 
 using Status = tl::expected<void, std::string>;
+using util::fail;
 
 constexpr std::string_view kNotConfigured =
     "Weight transfer not configured. Please set weight_transfer_config to enable weight "
@@ -20,10 +22,6 @@ constexpr std::string_view kFinishWithoutStart =
     "finish_weight_update called without a matching start_weight_update.";
 constexpr std::string_view kNotInitialized =
     "Weight transfer engine not initialized. Call init_weight_transfer_engine first.";
-
-tl::unexpected<std::string> fail(std::string_view message) {
-  return tl::unexpected(std::string(message));
-}
 
 Status init_transfer_engine(WorkerState& worker, Backend backend, const msgpack::object& info) {
   if (info.type != msgpack::type::MAP) return fail(type_error("init_info", "a dict", info));
@@ -128,4 +126,4 @@ tl::expected<void, std::string> run_worker_method(WorkerState& worker, const Wor
   return {};
 }
 
-}  // namespace vllmd::reference::detail
+}  // namespace vllmd::reference

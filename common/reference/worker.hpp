@@ -10,7 +10,7 @@
 #include "common/reference/core.hpp"
 #include "common/reference/python_call.hpp"
 
-namespace vllmd::reference::detail {
+namespace vllmd::reference {
 
 // What a worker knows besides its state.
 struct WorkerContext {
@@ -25,4 +25,4 @@ tl::expected<void, std::string> run_worker_method(WorkerState& worker, const Wor
                                                   std::string_view method, Positional args,
                                                   const msgpack::object* kwargs);
 
-}  // namespace vllmd::reference::detail
+}  // namespace vllmd::reference

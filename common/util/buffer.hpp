@@ -12,7 +12,7 @@
 #include <string_view>
 #include <utility>
 
-namespace vllmd {
+namespace vllmd::util {
 
 class Buffer {
  public:
@@ -82,4 +82,4 @@ class Buffer {
   std::size_t capacity_ = 0;
 };
 
-}  // namespace vllmd
+}  // namespace vllmd::util

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <string>
 
-namespace vllmd {
+namespace vllmd::util {
 
 // Seconds as milliseconds, what is below a millisecond dropped.
 inline std::chrono::milliseconds milliseconds_of(double seconds) {
@@ -19,4 +19,4 @@ inline std::string seconds_text(std::chrono::milliseconds duration) {
   return text + " s";
 }
 
-}  // namespace vllmd
+}  // namespace vllmd::util

@@ -7,8 +7,9 @@
 
 namespace vllmd::util {
 
-inline tl::unexpected<std::string> fail(std::string message) {
-  return tl::unexpected(std::move(message));
+// Takes anything a std::string is made from: a literal, a string (moved), a string_view.
+template <typename Text> tl::unexpected<std::string> fail(Text&& message) {
+  return tl::unexpected(std::string(std::forward<Text>(message)));
 }
 
 }  // namespace vllmd::util

@@ -7,7 +7,7 @@
 #include <ctime>
 #include <mutex>
 
-namespace vllmd::log {
+namespace vllmd::util::log {
 
 namespace {
 std::atomic<Level> current_level{Level::kInfo};
@@ -84,4 +84,4 @@ std::string escaped(std::string_view text) {
   return out;
 }
 
-}  // namespace vllmd::log
+}  // namespace vllmd::util::log

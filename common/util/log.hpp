@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-namespace vllmd::log {
+namespace vllmd::util::log {
 
 enum class Level { kTrace = 0, kDebug, kInfo, kNotice, kWarning, kError, kCritical };
 
@@ -38,4 +38,4 @@ template <typename... Parts> void notice(const Parts&... p) { emit(Level::kNotic
 template <typename... Parts> void warning(const Parts&... p) { emit(Level::kWarning, p...); }
 template <typename... Parts> void error(const Parts&... p) { emit(Level::kError, p...); }
 
-}  // namespace vllmd::log
+}  // namespace vllmd::util::log

@@ -641,7 +641,7 @@ class Transcoder {
   const char* end_;
   const TranscodeLimits& limits_;
   Transcoded& result_;
-  Buffer& out_;
+  util::Buffer& out_;
   std::vector<Deferred> deferred_;
   std::size_t move_budget_ = 0;
   bool deferring_ = false;

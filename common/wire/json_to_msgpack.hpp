@@ -43,7 +43,7 @@ struct TopLevelMember {
 };
 
 struct Transcoded {
-  Buffer msgpack;
+  util::Buffer msgpack;
   JsonKind root = JsonKind::kNull;
   std::vector<TopLevelMember> members;  // only when root is an object, in document order
 

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <tl/expected.hpp>
 
+#include "common/wire/json_text.hpp"
 #include "common/wire/msgpack_codec.hpp"
 
 namespace vllmd::wire {
@@ -14,9 +15,5 @@ namespace vllmd::wire {
 tl::expected<std::string, std::string> msgpack_to_json(std::string_view msgpack,
                                                        const DecodeLimits& limits = {});
 void append_json(std::string& out, const msgpack::object& object);
-
-// Appends `text` as a JSON string literal (quotes included).
-void append_json_string(std::string& out, std::string_view text);
-std::string json_string(std::string_view text);
 
 }  // namespace vllmd::wire

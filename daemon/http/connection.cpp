@@ -24,7 +24,7 @@ constexpr std::size_t kMaxLingerBytes = 1 << 20;
 constexpr std::size_t kMaxUnsent = 256 * 1024;
 
 std::string seconds_of(Clock::duration duration) {
-  return seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(duration));
+  return util::seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(duration));
 }
 
 }  // namespace

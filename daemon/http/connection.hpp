@@ -92,7 +92,6 @@ class Connection {
   std::size_t out_sent_ = 0;
   bool peer_closed_ = false;
   bool wants_write_ = false;  // TLS needs the socket writable
-  bool close_after_response_ = false;
 
   // The request being read.
   std::optional<Request> request_;

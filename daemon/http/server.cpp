@@ -146,8 +146,9 @@ Exchange::Exchange(std::shared_ptr<Mailbox> mailbox, std::uint64_t connection, R
 Exchange::~Exchange() {
   const State state = state_.load();
   if (state == State::kOpen) {
-    log::error("a request was dropped without an answer: ", log::escaped(request_.head.method), " ",
-               log::escaped(request_.head.target));
+    util::log::error(
+        "a request was dropped without an answer: ", util::log::escaped(request_.head.method), " ",
+        util::log::escaped(request_.head.target));
     respond(error_response(api::server_error("internal error: the request got no answer")));
   } else if (state == State::kStreaming) {
     send({}, true, true);  // a cut stream tells the client something went wrong
@@ -240,7 +241,7 @@ struct Server::Impl final : ConnectionHost {
     try {
       on_request(exchange);
     } catch (const std::exception& error) {
-      log::error("request handler failed: ", error.what());
+      util::log::error("request handler failed: ", error.what());
       exchange->respond(
           error_response(api::server_error(std::string("internal error: ") + error.what())));
     }
@@ -249,9 +250,9 @@ struct Server::Impl final : ConnectionHost {
   std::string& read_buffer() override { return scratch; }
   void log_refusal(const std::optional<util::IpAddress>& peer, const RequestHead* head, int status,
                    std::string_view message) override {
-    log::info(peer_text(peer), " ", head ? log::escaped(head->method) : "-", " ",
-              head ? log::escaped(head->target) : "-", " ", status, " (", log::escaped(message),
-              ")");
+    util::log::info(peer_text(peer), " ", head ? util::log::escaped(head->method) : "-", " ",
+                    head ? util::log::escaped(head->target) : "-", " ", status, " (",
+                    util::log::escaped(message), ")");
   }
 
   void run();
@@ -401,7 +402,7 @@ void Server::Impl::accept_all() {
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         // Out of descriptors (EMFILE/ENFILE): the backlog stays readable, so stop watching it
         // for a tick instead of spinning.
-        log::warning("accept: ", std::strerror(errno), "; pausing new connections briefly");
+        util::log::warning("accept: ", std::strerror(errno), "; pausing new connections briefly");
         ::epoll_ctl(epoll_fd, EPOLL_CTL_DEL, listen_fd, nullptr);
         accept_paused = true;
       }
@@ -485,7 +486,7 @@ void Server::stop_accepting() {
 }
 
 bool Server::wait_idle(double seconds) const {
-  const auto deadline = Clock::now() + milliseconds_of(seconds);
+  const auto deadline = Clock::now() + util::milliseconds_of(seconds);
   while (impl_->open.load() > 0) {
     if (Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -396,7 +396,7 @@ UpdateResult time_update_calls(EngineClient& client, std::string_view update_inf
 
 int run(const Config& config) {
   const Clock::time_point program_began = Clock::now();
-  vllmd::log::set_level(vllmd::log::Level::kWarning);  // the client's handshake chatter
+  vllmd::util::log::set_level(vllmd::util::log::Level::kWarning);  // the client's handshake chatter
   std::printf("bench_engine_link: vllmd engine link figures\n");
   std::printf("  date    %s\n", utc_now().c_str());
   std::printf("  cores   %u (hardware_concurrency)\n", std::thread::hardware_concurrency());

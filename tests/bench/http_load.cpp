@@ -41,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/wire/json_text.hpp"
 #include "tests/bench/http_loop.hpp"
 
 namespace {
@@ -51,6 +52,7 @@ using vllmd::bench::Plan;
 using vllmd::bench::RequestSpec;
 using vllmd::bench::Stats;
 using vllmd::bench::StepStats;
+using vllmd::wire::json_string;
 
 // ---------------------------------------------------------------------------------------------
 // The requests
@@ -104,23 +106,6 @@ double percentile(const std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0;
   const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(sorted.size())));
   return sorted[std::clamp<std::size_t>(rank, 1, sorted.size()) - 1];
-}
-
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 std::string number(double value) {

@@ -1,9 +1,9 @@
 #include "tests/unit/api/service_fixture.hpp"
 
 #include "common/api/request.hpp"
+#include "common/wire/json_text.hpp"
 #include "common/wire/json_to_msgpack.hpp"
 #include "common/wire/msgpack_codec.hpp"
-#include "common/wire/msgpack_to_json.hpp"
 
 namespace vllmd::test {
 
