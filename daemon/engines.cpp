@@ -3,14 +3,14 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 
 #include "common/engine/endpoints.hpp"
 #include "common/util/duration.hpp"
+#include "common/util/errno_text.hpp"
 #include "common/util/log.hpp"
-
-extern char** environ;
 
 namespace vllmd::daemon {
 
@@ -87,13 +87,14 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
 tl::expected<void, std::string> Engines::spawn_managed(const Config& config) {
   std::vector<std::string> argv = fill_command(config.command, client_->handshake_endpoint());
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (std::string& arg : argv) args.push_back(arg.data());
   args.push_back(nullptr);
   const int error = posix_spawnp(&managed_pid_, args[0], nullptr, nullptr, args.data(), environ);
   if (error != 0) {
     managed_pid_ = -1;
     return tl::unexpected("cannot start the engine command '" + argv[0] +
-                          "': " + std::strerror(error));
+                          "': " + util::errno_text(error));
   }
   util::log::info("managed mode: started engine process ", managed_pid_, ": ", argv[0]);
   supervisor_ = std::thread([this, pid = managed_pid_] {

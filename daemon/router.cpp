@@ -13,7 +13,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Bodies larger than this are validated and transcoded on the executor, not on the loop.
-constexpr std::size_t kInlineBodyBytes = 256 * 1024;
+constexpr std::size_t kInlineBodyBytes = std::size_t{256} << 10;
 
 // Constant-time comparison, so a token cannot be guessed byte by byte from response times.
 bool same_secret(std::string_view a, std::string_view b) {
@@ -146,13 +146,13 @@ http::Decision Router::decide(const http::RequestHead& head,
   if (const std::string_view session = head.field("vllmd-session"); !session.empty()) {
     match->session = std::string(session);
   }
-  decision.on_request = [this, match](http::ExchangePtr exchange) {
-    serve(match, std::move(exchange));
+  decision.on_request = [this, match](const http::ExchangePtr& exchange) {
+    serve(match, exchange);
   };
   return decision;
 }
 
-void Router::serve(const std::shared_ptr<RouteMatch>& match, http::ExchangePtr exchange) {
+void Router::serve(const std::shared_ptr<RouteMatch>& match, const http::ExchangePtr& exchange) {
   auto call = std::make_shared<api::Call>();
   call->route = match->route;
   call->query = api::parse_query(match->query);
@@ -187,7 +187,7 @@ void Router::answer(const RouteMatch& match, http::Exchange& exchange, api::Resp
     response.headers.emplace_back("Server-Timing", timing);
   }
   const int status = response.status;
-  exchange.respond(std::move(response));
+  exchange.respond(response);
   record(match.peer, match.route->method, match.route->path, status, total, engine);
 }
 

@@ -29,18 +29,18 @@ struct ServerContext {
   bool dev_mode = false;
 
   std::shared_ptr<const Policy> policy() const {
-    std::lock_guard lock(policy_mutex);
-    return current_policy;
+    std::lock_guard lock(policy_mutex_);
+    return current_policy_;
   }
   void set_policy(Policy policy) {
     auto replacement = std::make_shared<const Policy>(std::move(policy));
-    std::lock_guard lock(policy_mutex);
-    current_policy = std::move(replacement);
+    std::lock_guard lock(policy_mutex_);
+    current_policy_ = std::move(replacement);
   }
 
  private:
-  mutable std::mutex policy_mutex;
-  std::shared_ptr<const Policy> current_policy = std::make_shared<const Policy>();
+  mutable std::mutex policy_mutex_;
+  std::shared_ptr<const Policy> current_policy_ = std::make_shared<const Policy>();
 };
 
 }  // namespace vllmd::daemon

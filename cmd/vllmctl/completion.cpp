@@ -236,6 +236,7 @@ std::string bash_script(const std::vector<Command>& commands) {
 // 'name:description' entries for zsh's _describe.
 std::string zsh_entries(const std::vector<std::pair<std::string, std::string>>& entries) {
   std::vector<std::string> quoted;
+  quoted.reserve(entries.size());
   for (const auto& [name, description] : entries) {
     quoted.push_back(sh_quoted(description.empty() ? name : name + ":" + description));
   }

@@ -9,6 +9,7 @@
 
 #include "common/api/errors.hpp"
 #include "common/api/request.hpp"
+#include "common/util/errno_text.hpp"
 #include "common/wire/json_to_msgpack.hpp"
 
 namespace vllmd::vllmctl {
@@ -44,12 +45,12 @@ tl::expected<std::string, InputError> read_wrapped(const std::string& path, std:
                                          "or pass the file name");
     }
     if (!read_all(STDIN_FILENO, body)) {
-      return fail(exit_code::kNoInput, "cannot read stdin: " + std::string(std::strerror(errno)));
+      return fail(exit_code::kNoInput, "cannot read stdin: " + util::errno_text(errno));
     }
   } else {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-      return fail(exit_code::kNoInput, "cannot open " + path + ": " + std::strerror(errno));
+      return fail(exit_code::kNoInput, "cannot open " + path + ": " + util::errno_text(errno));
     }
     struct stat info {};
     if (::fstat(fd, &info) == 0 && S_ISREG(info.st_mode)) {
@@ -59,7 +60,7 @@ tl::expected<std::string, InputError> read_wrapped(const std::string& path, std:
     const int read_errno = errno;
     ::close(fd);
     if (!read) {
-      return fail(exit_code::kNoInput, "cannot read " + path + ": " + std::strerror(read_errno));
+      return fail(exit_code::kNoInput, "cannot read " + path + ": " + util::errno_text(read_errno));
     }
   }
   body += '}';

@@ -43,7 +43,7 @@ std::string error_code(const http::Reply& reply) {
 std::string error_text(const http::Reply& reply) {
   // A 404 for a known route means the daemon runs without dev mode (docs/http-api.md §1.1).
   const std::string hint = reply.status == 404 ? " (is vllmd running with --dev-mode?)" : "";
-  const std::string fallback = "HTTP " + std::to_string(reply.status) + hint;
+  std::string fallback = "HTTP " + std::to_string(reply.status) + hint;
   auto json = JsonReply::parse(reply.body);
   if (!json) {
     if (reply.body.empty()) return fallback;

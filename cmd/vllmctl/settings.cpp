@@ -9,6 +9,7 @@
 #include "common/api/session.hpp"
 #include "common/http/client.hpp"
 #include "common/util/duration.hpp"
+#include "common/util/errno_text.hpp"
 
 namespace vllmd::vllmctl {
 
@@ -18,7 +19,7 @@ tl::expected<std::string, std::string> read_token_file(const std::string& path,
                                                        const std::string& source) {
   auto failure = [&](int error) {
     return tl::unexpected(source + ": cannot read token file " + path + ": " +
-                          std::strerror(error));
+                          util::errno_text(error));
   };
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (file == nullptr) return failure(errno);

@@ -53,11 +53,11 @@ Response with_note(ApiError error, const std::string& note, double seconds) {
 
 // Validated before it may wait (a bad request never waits and never reaches an engine), then
 // run in its turn.
-void WeightSyncService::enqueue(const CallPtr& call, Done done) {
+void WeightSyncService::enqueue(const CallPtr& call, const Done& done) {
   if (auto valid = validate_body(*call); !valid) return done(error_response(valid.error()));
   const Handler handler = call->route->handler;
   lifecycle_queue_.run(
-      [this, call, handler, done](SerialQueue::Finished finished) {
+      [this, call, handler, done](const SerialQueue::Finished& finished) {
         (this->*handler)(call, [done, finished](Response response) {
           finished();
           done(std::move(response));
@@ -70,14 +70,14 @@ void WeightSyncService::enqueue(const CallPtr& call, Done done) {
       });
 }
 
-void WeightSyncService::forward_to_workers(const CallPtr& call, Done done) {
+void WeightSyncService::forward_to_workers(const CallPtr& call, const Done& done) {
   forward(*call, {}, [call, done](FanOut result) {
     if (result.error) return done(error_response(*result.error, result.seconds));
     done(succeeded_response(*call->route, result.seconds));
   });
 }
 
-void WeightSyncService::set_version_label(const CallPtr& call, Done done) {
+void WeightSyncService::set_version_label(const CallPtr& call, const Done& done) {
   commit_version(*call->text, 0, {}, [version = *call->text, done](Response response) {
     if (response.status == 200) {
       response.body = "{\"success\":true,\"new_version\":" + wire::json_string(version) + "}";
@@ -111,7 +111,7 @@ void WeightSyncService::forward(const Call& call, std::vector<std::uint64_t> inc
           std::string(route.engine_method), args, options, Changes::kNothing, {}, std::move(then));
 }
 
-void WeightSyncService::start(const CallPtr& call, Done done) {
+void WeightSyncService::start(const CallPtr& call, const Done& done) {
   if (auto conflict = sessions_.conflict(call->session)) return done(error_response(*conflict));
   // A rank that may still hold a session vllmd gave up on is closed first, or it would refuse.
   flush_pending_closes([this, call, done] {
@@ -129,7 +129,7 @@ void WeightSyncService::start(const CallPtr& call, Done done) {
         if (reply.value || reply.value.error().sent) started.push_back(reply.rank);
       }
       if (started.empty()) return done(error_response(*result.error, result.seconds));
-      close_sessions(started, incarnations, [result, done](std::string outcome) {
+      close_sessions(started, incarnations, [result, done](const std::string& outcome) {
         done(with_note(*result.error, "no session was opened: " + outcome, result.seconds));
       });
     });
@@ -138,10 +138,11 @@ void WeightSyncService::start(const CallPtr& call, Done done) {
 
 // Closes the sessions of ranks that were unreachable when vllmd closed them, now that they
 // answer again (same incarnation; a restarted one holds no session), then runs `then`.
-void WeightSyncService::flush_pending_closes(std::function<void()> then) {
+void WeightSyncService::flush_pending_closes(const std::function<void()>& then) {
   const std::vector<engine::EngineStatus> engines = engines_.engines();
   std::vector<int> ranks;
   std::vector<std::uint64_t> incarnations;
+  incarnations.reserve(engines.size());
   for (const engine::EngineStatus& engine : engines) incarnations.push_back(engine.incarnation);
   {
     std::lock_guard lock(pending_closes_mutex_);
@@ -162,20 +163,20 @@ void WeightSyncService::flush_pending_closes(std::function<void()> then) {
 // Whether the caller may go on with the open session (or none): a conflict, or a session
 // lost to a restarted engine, is answered here. The session's incarnations when it may.
 std::optional<std::vector<std::uint64_t>> WeightSyncService::continue_session(const Call& call,
-                                                                              Done& done) {
+                                                                              const Done& done) {
   if (auto conflict = sessions_.conflict(call.session)) {
     done(error_response(*conflict));
     return std::nullopt;
   }
   std::vector<std::uint64_t> session = sessions_.incarnations();
   if (auto restarted = restarted_ranks(session); !restarted.empty()) {
-    lose(restarted, session, true, 0, std::move(done));
+    lose(restarted, session, true, 0, done);
     return std::nullopt;
   }
   return session;
 }
 
-void WeightSyncService::update(const CallPtr& call, Done done) {
+void WeightSyncService::update(const CallPtr& call, const Done& done) {
   const auto continued = continue_session(*call, done);
   if (!continued) return;
   const std::vector<std::uint64_t>& session = *continued;
@@ -193,17 +194,17 @@ void WeightSyncService::update(const CallPtr& call, Done done) {
     // vLLM ends the session on a worker whose update failed and keeps it on the others (and
     // on the other TP workers of the same engine): close it everywhere.
     sessions_.closed();
-    close_sessions(all_ranks(), session, [result, done](std::string outcome) {
+    close_sessions(all_ranks(), session, [result, done](const std::string& outcome) {
       done(with_note(*result.error, "nothing was committed, and " + outcome, result.seconds));
     });
   });
 }
 
-void WeightSyncService::finish(const CallPtr& call, Done done) {
+void WeightSyncService::finish(const CallPtr& call, const Done& done) {
   const auto continued = continue_session(*call, done);
   if (!continued) return;
   const std::vector<std::uint64_t>& session = *continued;
-  forward(*call, session, [this, call, session, done](FanOut result) {
+  forward(*call, session, [this, call, session, done](const FanOut& result) {
     if (auto restarted = restarted_ranks(session); !restarted.empty()) {
       // The finishes that succeeded were on processes that are gone or on survivors: either
       // way the engines do not all hold this session's weights. Nothing is committed.
@@ -222,10 +223,12 @@ void WeightSyncService::finish(const CallPtr& call, Done done) {
       const std::vector<int> finished = succeeded(result.replies);
       const std::string done_ranks =
           finished.empty() ? "no rank finished" : rank_list(finished) + " finished";
-      return close_sessions(failed, session, [result, done, done_ranks](std::string outcome) {
-        done(with_note(*result.error, "nothing was committed; " + done_ranks + ", and " + outcome,
-                       result.seconds));
-      });
+      return close_sessions(
+          failed, session, [result, done, done_ranks](const std::string& outcome) {
+            done(with_note(*result.error,
+                           "nothing was committed; " + done_ranks + ", and " + outcome,
+                           result.seconds));
+          });
     }
     sessions_.closed();
     if (!call->text) return done(succeeded_response(*call->route, result.seconds));
@@ -242,7 +245,7 @@ void WeightSyncService::finish(const CallPtr& call, Done done) {
 // set_weight_version on every engine; on success the known state holds `version`, and the
 // version labels the weights again.
 void WeightSyncService::commit_version(const std::string& version, double seconds_before,
-                                       std::vector<std::uint64_t> incarnations, Done done) {
+                                       std::vector<std::uint64_t> incarnations, const Done& done) {
   const std::string args = wire::encode_string_array({version});
   CallOptions options{options_.lifecycle_timeout, true};
   options.incarnations = std::move(incarnations);
@@ -272,7 +275,7 @@ void WeightSyncService::commit_version(const std::string& version, double second
 // (when they may still be open) so that the next start works everywhere.
 void WeightSyncService::lose(const std::vector<int>& restarted,
                              const std::vector<std::uint64_t>& session, bool survivors_open,
-                             double seconds, Done done) {
+                             double seconds, const Done& done) {
   sessions_.closed();
   const std::vector<std::uint64_t> now = current_incarnations();
   std::string message = rank_list(restarted) + " restarted during the weight-update session (";
@@ -293,22 +296,22 @@ void WeightSyncService::lose(const std::vector<int>& restarted,
   if (!survivors_open || survivors.empty()) {
     return done(error_response(engine_unavailable(message), seconds));
   }
-  close_sessions(survivors, session, [message, seconds, done](std::string outcome) {
+  close_sessions(survivors, session, [message, seconds, done](const std::string& outcome) {
     done(error_response(engine_unavailable(message + ", and " + outcome), seconds));
   });
 }
 
 // Finish without a version on `ranks`, to bring them back to "no session"; `then` gets what
 // came of it, for the error message.
-void WeightSyncService::close_sessions(const std::vector<int>& ranks,
-                                       std::vector<std::uint64_t> incarnations,
-                                       std::function<void(std::string outcome)> then) {
+void WeightSyncService::close_sessions(
+    const std::vector<int>& ranks, std::vector<std::uint64_t> incarnations,
+    const std::function<void(const std::string& outcome)>& then) {
   if (ranks.empty()) return then("no session was left open");
   const std::string header = collective_rpc_header("finish_weight_update", "");
   CallOptions options{options_.lifecycle_timeout, true};
   options.incarnations = std::move(incarnations);
   fan_out("finish_weight_update", "", "collective_rpc", {header}, options, Changes::kNothing, ranks,
-          [this, then, incarnations = options.incarnations](FanOut result) {
+          [this, then, incarnations = options.incarnations](const FanOut& result) {
             const std::string outcome = close_outcome(result.replies, incarnations);
             util::log::notice("weight-update session recovery: ", outcome);
             then(outcome);

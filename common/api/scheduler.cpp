@@ -44,7 +44,7 @@ std::string still_note(bool pause, const std::vector<int>& missed) {
 
 }  // namespace
 
-void WeightSyncService::scheduler(const CallPtr& call, Done done) {
+void WeightSyncService::scheduler(const CallPtr& call, const Done& done) {
   const Route& route = *call->route;
   auto args = scheduler_args(*call);
   if (!args) return done(error_response(args.error()));
@@ -90,8 +90,9 @@ void WeightSyncService::on_engine_state(const engine::EngineStatus& engine) {
     close_pending = pending_closes_.count(engine.rank) > 0;
   }
   if (close_pending) {
-    lifecycle_queue_.run([this](SerialQueue::Finished finished) { flush_pending_closes(finished); },
-                         options_.lifecycle_timeout, [] {});
+    lifecycle_queue_.run(
+        [this](const SerialQueue::Finished& finished) { flush_pending_closes(finished); },
+        options_.lifecycle_timeout, [] {});
   }
   std::pair<std::string, std::string> call;
   {
@@ -103,7 +104,8 @@ void WeightSyncService::on_engine_state(const engine::EngineStatus& engine) {
   deliver_scheduler(engine.rank, call);
 }
 
-void WeightSyncService::deliver_scheduler(int rank, std::pair<std::string, std::string> call) {
+void WeightSyncService::deliver_scheduler(int rank,
+                                          const std::pair<std::string, std::string>& call) {
   const CallOptions call_options{options_.lifecycle_timeout, false};
   fan_out(call.first, "", call.first, {call.second}, call_options, Changes::kPaused, {rank},
           [this, rank, call](FanOut result) {

@@ -25,13 +25,14 @@ WeightSyncService::WeightSyncService(engine::EngineCalls& engines, ServiceOption
     : engines_(engines), options_(options), lifecycle_queue_(executor),
       sessions_(options.session_idle_timeout) {}
 
-void WeightSyncService::handle(const CallPtr& call, Done done) {
+void WeightSyncService::handle(const CallPtr& call, const Done& done) {
   const Route& route = *call->route;
   switch (route.handling) {
-    case Handling::kLifecycle: return enqueue(call, std::move(done));
+    case Handling::kLifecycle: return enqueue(call, done);
     case Handling::kRead:
     case Handling::kScheduler:
-    case Handling::kLocal: return (this->*route.handler)(call, std::move(done));
+    case Handling::kEngine:
+    case Handling::kLocal: return (this->*route.handler)(call, done);
   }
 }
 
@@ -45,13 +46,14 @@ bool WeightSyncService::answers_at_once(const Route& route) const {
                                                        : known_.paused_certain();
     }
     case Handling::kLifecycle:
-    case Handling::kScheduler: return false;
+    case Handling::kScheduler:
+    case Handling::kEngine: return false;
   }
   return false;
 }
 
 void WeightSyncService::fan_out(std::string operation_name, std::string metric,
-                                std::string engine_method,
+                                const std::string& engine_method,
                                 const engine::EngineCalls::ArgParts& args,
                                 const CallOptions& options, Changes changes,
                                 const std::vector<int>& ranks, std::function<void(FanOut)> then) {
@@ -135,7 +137,7 @@ tl::expected<std::string, ApiError> read_answer(const Route& route,
   return std::string("{\"is_paused\":") + (paused ? "true" : "false") + "}";
 }
 
-void WeightSyncService::read(const CallPtr& call, Done done) {
+void WeightSyncService::read(const CallPtr& call, const Done& done) {
   const Route& route = *call->route;
   // Without every engine attached there is no state to report (nor anyone to ask).
   if (auto unready = not_ready()) return done(error_response(*unready));
@@ -175,12 +177,12 @@ std::optional<ApiError> WeightSyncService::not_ready() const {
   return engine_unavailable(problems);
 }
 
-void WeightSyncService::health(const CallPtr&, Done done) {
+void WeightSyncService::health(const CallPtr&, const Done& done) {
   if (auto unready = not_ready()) return done(error_response(*unready));
   done({200, ""});
 }
 
-void WeightSyncService::version(const CallPtr&, Done done) {
+void WeightSyncService::version(const CallPtr&, const Done& done) {
   std::string body = "{\"version\":" + wire::json_string(kVersion);
   for (const auto& engine : engines_.engines()) {
     if (engine.registration.vllm_version) {
@@ -191,7 +193,7 @@ void WeightSyncService::version(const CallPtr&, Done done) {
   done({200, body + "}"});
 }
 
-void WeightSyncService::world_size(const CallPtr& call, Done done) {
+void WeightSyncService::world_size(const CallPtr& call, const Done& done) {
   auto include_dp = query_bool(call->query, "include_dp", true);
   if (!include_dp) return done(error_response(include_dp.error()));
   if (auto unready = not_ready()) return done(error_response(*unready));
@@ -203,12 +205,12 @@ void WeightSyncService::world_size(const CallPtr& call, Done done) {
   done({200, "{\"world_size\":" + std::to_string(total) + "}"});
 }
 
-void WeightSyncService::metrics(const CallPtr&, Done done) {
+void WeightSyncService::metrics(const CallPtr&, const Done& done) {
   if (!hooks_.metrics) return done(error_response(not_found()));
   done(hooks_.metrics());
 }
 
-void WeightSyncService::reload(const CallPtr&, Done done) {
+void WeightSyncService::reload(const CallPtr&, const Done& done) {
   if (!hooks_.reload) return done(error_response(not_found()));
   if (auto error = hooks_.reload()) {
     return done(error_response(invalid_configuration("reload failed: " + *error)));
@@ -216,7 +218,7 @@ void WeightSyncService::reload(const CallPtr&, Done done) {
   done({200, R"({"status":"reloaded"})"});
 }
 
-void WeightSyncService::session_status(const CallPtr&, Done done) {
+void WeightSyncService::session_status(const CallPtr&, const Done& done) {
   done({200, sessions_.snapshot().json()});
 }
 

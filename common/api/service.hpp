@@ -57,7 +57,7 @@ class WeightSyncService {
 
   // Answers one call as its route says (Route::handling, Route::handler). Validation and
   // transcoding run on the calling thread; nothing waits there.
-  void handle(const CallPtr& call, Done done);
+  void handle(const CallPtr& call, const Done& done);
   // Whether the route is answered without waiting for an engine right now (vllmd's own
   // answers, and reads of known state): an event loop may then call handle in place.
   bool answers_at_once(const Route& route) const;
@@ -69,19 +69,21 @@ class WeightSyncService {
 
   // The routes' handlers (named by the API table). Lifecycle ones run in the lifecycle
   // queue with the call's body validated; the others as they come.
-  void forward_to_workers(const CallPtr& call, Done done);  // init
-  void start(const CallPtr& call, Done done);
-  void update(const CallPtr& call, Done done);
-  void finish(const CallPtr& call, Done done);
-  void set_version_label(const CallPtr& call, Done done);  // update_weight_version
-  void read(const CallPtr& call, Done done);               // weight_info, is_paused
-  void scheduler(const CallPtr& call, Done done);          // pause, resume
-  void world_size(const CallPtr& call, Done done);
-  void health(const CallPtr& call, Done done);
-  void version(const CallPtr& call, Done done);
-  void metrics(const CallPtr& call, Done done);
-  void reload(const CallPtr& call, Done done);
-  void session_status(const CallPtr& call, Done done);
+  void forward_to_workers(const CallPtr& call, const Done& done);  // init
+  void start(const CallPtr& call, const Done& done);
+  void update(const CallPtr& call, const Done& done);
+  void finish(const CallPtr& call, const Done& done);
+  void set_version_label(const CallPtr& call, const Done& done);  // update_weight_version
+  void read(const CallPtr& call, const Done& done);               // weight_info, is_paused
+  void scheduler(const CallPtr& call, const Done& done);          // pause, resume
+  void engine_command(const CallPtr& call, const Done& done);     // reset_mm_cache, ...
+  void reset_prefix_cache(const CallPtr& call, const Done& done);
+  void world_size(const CallPtr& call, const Done& done);
+  void health(const CallPtr& call, const Done& done);
+  void version(const CallPtr& call, const Done& done);
+  void metrics(const CallPtr& call, const Done& done);
+  void reload(const CallPtr& call, const Done& done);
+  void session_status(const CallPtr& call, const Done& done);
 
  private:
   // Runs one UTILITY method on every engine (or on `ranks`); `then` gets the replies and the
@@ -92,30 +94,31 @@ class WeightSyncService {
     std::vector<engine::EngineReply> replies;
     double seconds = 0;
   };
-  void fan_out(std::string operation_name, std::string metric, std::string engine_method,
+  void fan_out(std::string operation_name, std::string metric, const std::string& engine_method,
                const engine::EngineCalls::ArgParts& args, const engine::CallOptions& options,
                Changes changes, const std::vector<int>& ranks, std::function<void(FanOut)> then);
 
   // The lifecycle (lifecycle.cpp).
-  void enqueue(const CallPtr& call, Done done);
+  void enqueue(const CallPtr& call, const Done& done);
   static Response succeeded_response(const Route& route, double seconds);
   void forward(const Call& call, std::vector<std::uint64_t> incarnations,
                std::function<void(FanOut)> then);
-  void flush_pending_closes(std::function<void()> then);
-  std::optional<std::vector<std::uint64_t>> continue_session(const Call& call, Done& done);
+  void flush_pending_closes(const std::function<void()>& then);
+  std::optional<std::vector<std::uint64_t>> continue_session(const Call& call, const Done& done);
   void commit_version(const std::string& version, double seconds_before,
-                      std::vector<std::uint64_t> incarnations, Done done);
+                      std::vector<std::uint64_t> incarnations, const Done& done);
   void lose(const std::vector<int>& restarted, const std::vector<std::uint64_t>& session,
-            bool survivors_open, double seconds, Done done);
+            bool survivors_open, double seconds, const Done& done);
   void close_sessions(const std::vector<int>& ranks, std::vector<std::uint64_t> incarnations,
-                      std::function<void(std::string outcome)> then);
+                      const std::function<void(const std::string& outcome)>& then);
   std::string close_outcome(const std::vector<engine::EngineReply>& replies,
                             const std::vector<std::uint64_t>& incarnations);
   std::vector<std::uint64_t> current_incarnations() const;
   std::vector<int> restarted_ranks(const std::vector<std::uint64_t>& session) const;
   std::vector<int> all_ranks() const;
 
-  void deliver_scheduler(int rank, std::pair<std::string, std::string> call);  // scheduler.cpp
+  void deliver_scheduler(int rank,
+                         const std::pair<std::string, std::string>& call);  // scheduler.cpp
   // Reads and vllmd's own answers (service.cpp).
   Response known_answer(const Route& route);
   void sync_known();

@@ -28,6 +28,9 @@ enum class Operation {
   kMetrics,
   kReload,
   kSessionStatus,
+  kResetPrefixCache,
+  kResetMmCache,
+  kResetEncoderCache,
 };
 
 // How a route is served. Every switch over it names every kind: a new one does not compile
@@ -36,6 +39,7 @@ enum class Handling {
   kLifecycle,  // weight-update calls: one at a time, in order, owned sessions (SerialQueue)
   kRead,       // an engine's state: from known state when certain, else asked of every engine
   kScheduler,  // pause/resume: an engine call outside the lifecycle queue
+  kEngine,     // a command to every engine (cache resets), outside the lifecycle queue
   kLocal,      // vllmd's own answer, no engine call: served on the event loop
 };
 
@@ -92,7 +96,7 @@ struct Cli {
 
 class WeightSyncService;
 // The service function that answers a route (common/api/service.hpp).
-using Handler = void (WeightSyncService::*)(const CallPtr& call, Done done);
+using Handler = void (WeightSyncService::*)(const CallPtr& call, const Done& done);
 
 struct Route {
   Operation operation = {};

@@ -3,10 +3,12 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/engine/client_impl.hpp"
 #include "common/engine/endpoints.hpp"
+#include "common/util/errno_text.hpp"
 #include "common/util/log.hpp"
 #include "common/util/memory.hpp"
 
@@ -141,7 +143,7 @@ tl::expected<std::unique_ptr<EngineClient>, std::string> EngineClient::create(
       io.engines[rank].identity = wire::engine_identity(rank);
     }
     io.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (io.wake_fd < 0) return tl::unexpected(std::string("eventfd: ") + std::strerror(errno));
+    if (io.wake_fd < 0) return tl::unexpected(std::string("eventfd: ") + util::errno_text(errno));
     util::log::info("engine link: handshake ", io.handshake_endpoint, ", input ", io.input_endpoint,
                     ", output ", io.output_endpoint, "; waiting for ",
                     io.options.data_parallel_size, " engine(s)");
@@ -271,6 +273,7 @@ void EngineClient::call_ranks_async(const std::vector<int>& ranks, std::string_v
   for (const int rank : ranks) {
     if (rank < 0 || rank >= impl_->options.data_parallel_size) {
       std::vector<EngineReply> replies;
+      replies.reserve(ranks.size());
       for (const int each : ranks) {
         replies.push_back(
             {each, tl::unexpected(CallError{CallErrorKind::kUnavailable,
@@ -322,12 +325,8 @@ std::shared_ptr<Batch> EngineClient::submit(const std::vector<int>& ranks, std::
     call.payload.rebuild(size);
     util::advise_huge_pages(call.payload.data(), size);
     auto* out = static_cast<char*>(call.payload.data());
-    std::memcpy(out, prefix.data(), prefix.size());
-    out += prefix.size();
-    for (const std::string_view part : args) {
-      std::memcpy(out, part.data(), part.size());
-      out += part.size();
-    }
+    out = std::copy(prefix.begin(), prefix.end(), out);
+    for (const std::string_view part : args) out = std::copy(part.begin(), part.end(), out);
     submission.calls.push_back(std::move(call));
   }
   impl_->submit(std::move(submission));

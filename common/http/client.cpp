@@ -56,7 +56,7 @@ std::optional<TransportError> connect(Poco::Net::StreamSocket& socket, const End
 // The TLS handshake over a connected socket: it checks the certificate chain and that it names
 // endpoint.host.
 std::optional<TransportError> start_tls(Poco::Net::StreamSocket& socket, const Endpoint& endpoint,
-                                        Poco::Net::Context::Ptr tls,
+                                        const Poco::Net::Context::Ptr& tls,
                                         std::chrono::milliseconds timeout) {
   try {
     socket = Poco::Net::SecureStreamSocket::attach(socket, endpoint.host, tls);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/engine/endpoints.hpp"
+#include "common/util/errno_text.hpp"
 #include "common/util/fail.hpp"
 
 namespace vllmd::reference {
@@ -47,7 +48,7 @@ class Fd {
 };
 
 std::string system_error(std::string_view what) {
-  return std::string(what) + ": " + std::strerror(errno);
+  return std::string(what) + ": " + util::errno_text(errno);
 }
 
 // The rank-independent part of a rank's hello: the group size and the master it holds. Rank 0

@@ -132,9 +132,9 @@ bool is_loopback_host(std::string_view host) {
   }
   const std::optional<IpAddress> address = IpAddress::parse(bare);
   if (!address) return false;
-  static const Cidr v4 = *Cidr::parse("127.0.0.0/8");
-  static const Cidr v6 = *Cidr::parse("::1/128");
-  return v4.contains(*address) || v6.contains(*address);
+  static const Cidr kLoopbackV4 = *Cidr::parse("127.0.0.0/8");
+  static const Cidr kLoopbackV6 = *Cidr::parse("::1/128");
+  return kLoopbackV4.contains(*address) || kLoopbackV6.contains(*address);
 }
 
 std::string join_host_port(std::string_view host, std::string_view port) {

@@ -7,7 +7,7 @@
 
 namespace vllmd::util {
 
-Executor::Executor(int threads, std::string name) {
+Executor::Executor(int threads, const std::string& name) {
   for (int i = 0; i < std::max(threads, 1); ++i) {
     threads_.emplace_back([this, name] {
       pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());

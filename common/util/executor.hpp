@@ -23,7 +23,7 @@ class Executor {
   using TimerId = std::uint64_t;
 
   // `name` becomes the threads' name (15 characters at most, for /proc/PID/task/*/comm).
-  Executor(int threads, std::string name);
+  Executor(int threads, const std::string& name);
   ~Executor();  // stop()
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;

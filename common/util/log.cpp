@@ -1,5 +1,6 @@
 #include "common/util/log.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -12,8 +13,9 @@ namespace vllmd::util::log {
 namespace {
 std::atomic<Level> current_level{Level::kInfo};
 std::mutex write_mutex;
-std::string component = "vllmd";
-const bool under_journald = std::getenv("JOURNAL_STREAM") != nullptr;
+// A fixed buffer, not a std::string: a static initializer must not be able to throw.
+char component[32] = "vllmd";
+const bool kUnderJournald = std::getenv("JOURNAL_STREAM") != nullptr;
 
 constexpr const char* kNames[] = {"trace",   "debug", "info",    "notice",
                                   "warning", "error", "critical"};
@@ -43,13 +45,15 @@ bool parse_level(std::string_view text, Level& level) {
 
 void set_component(std::string_view name) {
   std::lock_guard lock(write_mutex);
-  component = std::string(name);
+  const std::size_t size = std::min(name.size(), sizeof component - 1);
+  name.copy(component, size);
+  component[size] = '\0';
 }
 
 void write(Level level, std::string_view message) {
   const int index = static_cast<int>(level);
   std::lock_guard lock(write_mutex);
-  if (under_journald) {
+  if (kUnderJournald) {
     std::fprintf(stderr, "<%d>%.*s\n", kPriorities[index], static_cast<int>(message.size()),
                  message.data());
   } else {
@@ -62,9 +66,8 @@ void write(Level level, std::string_view message) {
     gmtime_r(&seconds, &utc);
     char stamp[32];
     std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &utc);
-    std::fprintf(stderr, "%s.%03dZ %s %s: %.*s\n", stamp, static_cast<int>(millis),
-                 component.c_str(), kNames[index], static_cast<int>(message.size()),
-                 message.data());
+    std::fprintf(stderr, "%s.%03dZ %s %s: %.*s\n", stamp, static_cast<int>(millis), component,
+                 kNames[index], static_cast<int>(message.size()), message.data());
   }
   std::fflush(stderr);
 }

@@ -15,7 +15,9 @@ void advise_huge_pages(void* block, std::size_t size) {
   const auto start = reinterpret_cast<std::uintptr_t>(block);
   const auto first = (start + page - 1) & ~(page - 1);
   const auto last = (start + size) & ~(page - 1);
-  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  // The aligned address as an offset into the block: pointer arithmetic, no integer-to-pointer.
+  if (last > first)
+    madvise(static_cast<char*>(block) + (first - start), last - first, MADV_HUGEPAGE);
 #else
   (void)block;
   (void)size;

@@ -188,8 +188,8 @@ const char* skip_plain(const char* s, const char* end) {
     s += 16;
   }
 #endif
-  static const SkipPlain wide = pick_skip_plain();
-  return wide(s, end);
+  static const SkipPlain kWidest = pick_skip_plain();
+  return kWidest(s, end);
 }
 
 char* put_utf8(char* out, std::uint32_t code) {

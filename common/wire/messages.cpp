@@ -8,6 +8,7 @@
 #include <cstring>
 #include <set>
 
+#include "common/util/errno_text.hpp"
 #include "common/util/fail.hpp"
 
 namespace vllmd::wire {
@@ -126,7 +127,7 @@ void pack_data_parallel_master(Packer& packer, const DataParallelMaster& master)
 // A port the kernel hands out for ("", 0), as vLLM's _get_open_port binds it.
 tl::expected<std::int64_t, std::string> open_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return fail(std::string("socket: ") + std::strerror(errno));
+  if (fd < 0) return fail(std::string("socket: ") + util::errno_text(errno));
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -135,7 +136,7 @@ tl::expected<std::int64_t, std::string> open_port() {
                      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
   const int error = errno;
   ::close(fd);
-  if (!bound) return fail(std::string("cannot find an open port: ") + std::strerror(error));
+  if (!bound) return fail(std::string("cannot find an open port: ") + util::errno_text(error));
   return ntohs(address.sin_port);
 }
 

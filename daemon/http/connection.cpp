@@ -21,7 +21,7 @@ constexpr auto kLinger = std::chrono::seconds(2);
 constexpr std::size_t kMaxLingerBytes = 1 << 20;
 // A client that sends requests without reading the answers gets no more served once this
 // much is waiting to go out to it: it costs bounded memory and loop time.
-constexpr std::size_t kMaxUnsent = 256 * 1024;
+constexpr std::size_t kMaxUnsent = std::size_t{256} << 10;
 
 std::string seconds_of(Clock::duration duration) {
   return util::seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(duration));
@@ -288,7 +288,7 @@ void Connection::begin_request() {
   phase_since_ = Clock::now();
 }
 
-bool Connection::deliver(std::string bytes, bool last, bool close) {
+bool Connection::deliver(std::string_view bytes, bool last, bool close) {
   if (phase_ != Phase::kHandling) return true;
   queue(bytes);
   if (!last) return flush();

@@ -47,7 +47,7 @@ class Connection {
   // Each returns false when the connection is over and must be destroyed.
   bool on_readable();
   bool on_writable();
-  bool deliver(std::string bytes, bool last, bool close);
+  bool deliver(std::string_view bytes, bool last, bool close);
   bool on_tick(Clock::time_point now);
   // Stop reading new requests: idle connections end now, busy ones after their response.
   bool on_stop();

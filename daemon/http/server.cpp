@@ -22,6 +22,7 @@
 
 #include "common/util/cidr.hpp"
 #include "common/util/duration.hpp"
+#include "common/util/errno_text.hpp"
 #include "common/util/log.hpp"
 #include "daemon/http/connection.hpp"
 #include "daemon/http/transport.hpp"
@@ -71,13 +72,13 @@ int listen_on(const std::string& host, int port, int backlog, std::uint16_t& bou
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, ::freeaddrinfo);
   const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error("socket: " + std::string(std::strerror(errno)));
+  if (fd < 0) throw std::runtime_error("socket: " + util::errno_text(errno));
   const int on = 1;
   const int off = 0;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);  // restarts while in TIME_WAIT
   if (found->ai_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
   if (::bind(fd, found->ai_addr, found->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
-    const std::string reason = std::strerror(errno);
+    const std::string reason = util::errno_text(errno);
     ::close(fd);
     throw std::runtime_error("cannot listen on " + address_text(host, port) + ": " + reason);
   }
@@ -161,7 +162,7 @@ void Exchange::send(std::string bytes, bool last, bool close) {
   mailbox_->post(Mailbox::Delivery{connection_, std::move(bytes), last, close});
 }
 
-void Exchange::respond(Response response) {
+void Exchange::respond(const Response& response) {
   State expected = State::kOpen;
   if (!state_.compare_exchange_strong(expected, State::kDone)) return;
   const bool keep_alive = request_.head.keep_alive && !response.close && !mailbox_->stopping;
@@ -223,7 +224,7 @@ struct Server::Impl final : ConnectionHost {
   std::uint64_t next_id = 2;
   bool listening = true;
   bool accept_paused = false;
-  std::string scratch = std::string(64 * 1024, '\0');
+  std::string scratch = std::string(std::size_t{64} << 10, '\0');
 
   ~Impl() override {
     if (listen_fd >= 0) ::close(listen_fd);
@@ -356,7 +357,7 @@ void Server::Impl::drain_mailbox() {
     if (deliveries.empty() && tasks.empty()) return;
     for (Mailbox::Delivery& delivery : deliveries) {
       step(delivery.connection, [&delivery](Connection& connection) {
-        return connection.deliver(std::move(delivery.bytes), delivery.last, delivery.close);
+        return connection.deliver(delivery.bytes, delivery.last, delivery.close);
       });
     }
     for (auto& task : tasks) task();
@@ -402,7 +403,8 @@ void Server::Impl::accept_all() {
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         // Out of descriptors (EMFILE/ENFILE): the backlog stays readable, so stop watching it
         // for a tick instead of spinning.
-        util::log::warning("accept: ", std::strerror(errno), "; pausing new connections briefly");
+        util::log::warning("accept: ", util::errno_text(errno),
+                           "; pausing new connections briefly");
         ::epoll_ctl(epoll_fd, EPOLL_CTL_DEL, listen_fd, nullptr);
         accept_paused = true;
       }
@@ -456,7 +458,7 @@ Server::Server(ServerOptions options, Decide decide) : impl_(std::make_unique<Im
   io.epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
   io.mailbox->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (io.epoll_fd < 0 || io.mailbox->wake_fd < 0) {
-    throw std::runtime_error("epoll: " + std::string(std::strerror(errno)));
+    throw std::runtime_error("epoll: " + util::errno_text(errno));
   }
   for (const auto& [fd, id] :
        {std::pair{io.listen_fd, kListenerId}, std::pair{io.mailbox->wake_fd, kWakeId}}) {

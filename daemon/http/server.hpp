@@ -35,7 +35,7 @@ struct ServerOptions {
   std::string tls_key_file;       // empty: the key is in the certificate file
   // A refused request's body up to this size is read and dropped, so the connection lives
   // on; a larger one (or a chunked one) ends the connection instead.
-  std::size_t discard_limit = 64 * 1024;
+  std::size_t discard_limit = std::size_t{64} << 10;
 };
 
 struct Request {
@@ -76,7 +76,7 @@ class Exchange {
   Request& request() { return request_; }
   const Request& request() const { return request_; }
 
-  void respond(Response response);
+  void respond(const Response& response);
 
   // Streaming: the head now, data as it comes, then the end. HTTP/1.1 clients get chunked
   // transfer coding; HTTP/1.0 clients a body delimited by closing the connection.

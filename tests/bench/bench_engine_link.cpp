@@ -117,6 +117,7 @@ class Table {
       print_row(rows_[r], widths);
       if (r == 0) {
         std::vector<std::string> rule;
+        rule.reserve(widths.size());
         for (std::size_t width : widths) rule.emplace_back(width, '-');
         print_row(rule, widths);
       }
@@ -228,6 +229,7 @@ LatencyResult run_callers(int callers, int per_caller, Clock::duration cap,
   std::latch start(callers + 1);
   const Clock::time_point deadline = Clock::now() + cap;
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(callers));
   for (int c = 0; c < callers; ++c) {
     threads.emplace_back([&, c] {
       std::vector<double>& mine = samples[c];

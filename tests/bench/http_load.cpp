@@ -251,6 +251,7 @@ int run(int argc, char** argv) {
   }
   std::latch go(options.threads + 1);
   std::vector<std::thread> threads;
+  threads.reserve(loops.size());
   for (auto& loop : loops) {
     threads.emplace_back([&go, raw = loop.get()] {
       go.arrive_and_wait();

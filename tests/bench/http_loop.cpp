@@ -12,12 +12,14 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "common/util/errno_text.hpp"
+
 namespace vllmd::bench {
 
 Loop::Loop(const Plan& plan, int connections) : plan_(plan), connections_(connections) {
   stats_.steps.resize(plan.requests.size());
   epoll_ = epoll_create1(EPOLL_CLOEXEC);
-  if (epoll_ < 0) throw std::runtime_error(std::string("epoll_create1: ") + strerror(errno));
+  if (epoll_ < 0) throw std::runtime_error("epoll_create1: " + vllmd::util::errno_text(errno));
 }
 
 Loop::~Loop() {

@@ -130,12 +130,12 @@ Body ipc_update_body(const MoeModel& model) {
 }
 
 const std::vector<PayloadKind>& payload_kinds() {
-  static const std::vector<PayloadKind> kinds = {
+  static const std::vector<PayloadKind> kKinds = {
       {"nccl-30b", "nccl", [] { return nccl_update_body(kMoe30B); }},
       {"ipc-30b", "ipc", [] { return ipc_update_body(kMoe30B); }},
       {"ipc-235b", "ipc", [] { return ipc_update_body(kMoe235B); }},
   };
-  return kinds;
+  return kKinds;
 }
 
 }  // namespace vllmd::bench

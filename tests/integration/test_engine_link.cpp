@@ -307,10 +307,11 @@ TEST_CASE("a TCP client probing the handshake port is never taken for the engine
   // A completion runs on the IO thread: this one keeps it busy until released.
   std::atomic<bool> busy{false};
   std::atomic<bool> release{false};
-  client->call_all_async("get_weight_version", args("[]"), kQuick, [&](std::vector<EngineReply>) {
-    busy = true;
-    while (!release) std::this_thread::sleep_for(5ms);
-  });
+  client->call_all_async("get_weight_version", args("[]"), kQuick,
+                         [&](const std::vector<EngineReply>&) {
+                           busy = true;
+                           while (!release) std::this_thread::sleep_for(5ms);
+                         });
   const auto deadline = std::chrono::steady_clock::now() + 5s;
   while (!busy && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
   REQUIRE(busy);

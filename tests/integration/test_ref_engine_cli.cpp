@@ -66,7 +66,9 @@ TEST_CASE("coordinated DP engines form their group at INIT's master and record i
   auto master = wire::pick_data_parallel_master("127.0.0.1", 2);
   REQUIRE(master);
   const auto registrations = frontend.connect_all(2, *master);
-  for (const auto& [rank, frame] : registrations) {
+  for (const auto& entry : registrations) {
+    const int rank = entry.first;
+    const auto& frame = entry.second;
     CAPTURE(rank);
     auto registration = wire::decode_registration(frame);
     REQUIRE(registration);

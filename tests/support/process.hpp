@@ -14,8 +14,6 @@
 #include <thread>
 #include <vector>
 
-extern char** environ;
-
 namespace vllmd::testing {
 
 class ChildProcess {
@@ -38,6 +36,7 @@ class ChildProcess {
   void start(std::vector<std::string> argv) {
     kill_and_reap();
     std::vector<char*> args;
+    args.reserve(argv.size() + 1);
     for (std::string& arg : argv) args.push_back(arg.data());
     args.push_back(nullptr);
     if (posix_spawn(&pid_, args[0], nullptr, nullptr, args.data(), environ) != 0) {

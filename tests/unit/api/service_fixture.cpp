@@ -20,7 +20,7 @@ std::string error_member(const Response& response, std::string_view member) {
   return text ? std::string(*text) : "";
 }
 
-FakeEngines::Responder succeeding(std::string version) {
+FakeEngines::Responder succeeding(const std::string& version) {
   return [version](const RecordedCall& call, int) -> std::optional<Reply> {
     if (call.method == "get_weight_version") return string_reply(version);
     if (call.method == "is_scheduler_paused") return bool_reply(false);
@@ -28,9 +28,9 @@ FakeEngines::Responder succeeding(std::string version) {
   };
 }
 
-FakeEngines::Responder holding(std::string held, std::string version) {
-  return [held, succeed = succeeding(std::move(version))](const RecordedCall& call,
-                                                          int rank) -> std::optional<Reply> {
+FakeEngines::Responder holding(const std::string& held, const std::string& version) {
+  return [held, succeed = succeeding(version)](const RecordedCall& call,
+                                               int rank) -> std::optional<Reply> {
     return call.name() == held ? std::nullopt : succeed(call, rank);
   };
 }

@@ -64,9 +64,9 @@ inline std::string error_message(const Response& response) {
 
 // Every call succeeds with nil, except the reads: get_weight_version answers `version`,
 // is_scheduler_paused false.
-FakeEngines::Responder succeeding(std::string version = "default");
+FakeEngines::Responder succeeding(const std::string& version = "default");
 // The same, but calls named `held` (RecordedCall::name) stay pending, for the test to answer.
-FakeEngines::Responder holding(std::string held, std::string version = "default");
+FakeEngines::Responder holding(const std::string& held, const std::string& version = "default");
 
 // `ranks` fake engines answering succeeding(), their state changes told to the service as the
 // daemon tells it the client's (on_engine_state), and the service without an executor: a

@@ -29,7 +29,7 @@ Request new_version(const std::string& version) { return {json_member("new_versi
 Request update_body() { return {R"({"update_info":{"names":["w"]}})"}; }
 
 // Fails the first call named `name` on `rank` with `reply`; everything else succeeds.
-FakeEngines::Responder first_fails(std::string name, int rank, Reply reply) {
+FakeEngines::Responder first_fails(const std::string& name, int rank, const Reply& reply) {
   auto failures = std::make_shared<int>(0);
   return [=, succeed = succeeding()](const RecordedCall& call, int to) -> std::optional<Reply> {
     if (call.name() == name && to == rank && (*failures)++ == 0) return reply;

@@ -92,9 +92,9 @@ TEST_CASE("answers given later from another thread reach their own connections")
   std::vector<http::ExchangePtr> pending;
   http::Server server({},
                       [&](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
-                        return accept_with([&](http::ExchangePtr exchange) {
+                        return accept_with([&](const http::ExchangePtr& exchange) {
                           std::lock_guard lock(mutex);
-                          pending.push_back(std::move(exchange));
+                          pending.push_back(exchange);
                         });
                       });
   server.start();
@@ -132,7 +132,7 @@ TEST_CASE("answers given later from another thread reach their own connections")
 TEST_CASE("a streamed response is chunked as data arrives, and the connection lives on") {
   http::Server server({},
                       [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
-                        return accept_with([](http::ExchangePtr exchange) {
+                        return accept_with([](const http::ExchangePtr& exchange) {
                           if (exchange->request().head.target == "/plain")
                             return exchange->respond(text("after"));
                           std::thread([exchange] {
@@ -160,7 +160,7 @@ TEST_CASE("a streamed response is chunked as data arrives, and the connection li
 TEST_CASE("an HTTP/1.0 stream ends by closing the connection") {
   http::Server server({},
                       [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
-                        return accept_with([](http::ExchangePtr exchange) {
+                        return accept_with([](const http::ExchangePtr& exchange) {
                           exchange->stream_begin(200, "text/plain");
                           exchange->stream_write("one ");
                           exchange->stream_write("two");
@@ -179,7 +179,7 @@ TEST_CASE("an HTTP/1.0 stream ends by closing the connection") {
 TEST_CASE("an exchange dropped without an answer answers 500 itself") {
   http::Server server({},
                       [](const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
-                        return accept_with([](http::ExchangePtr) {});
+                        return accept_with([](const http::ExchangePtr&) {});
                       });
   server.start();
   Client client(server.port());
@@ -199,7 +199,7 @@ TEST_CASE("a refusal decided from the head drops a small body and serves the nex
           refusal.refusal->status = 403;
           return refusal;
         }
-        return accept_with([&](http::ExchangePtr exchange) {
+        return accept_with([&](const http::ExchangePtr& exchange) {
           ++served;
           exchange->respond(text("body=" + exchange->request().body));
         });

@@ -157,7 +157,7 @@ struct Attached {
 // A blocking call on its own thread, so the test can play the engine meanwhile.
 class CallInFlight {
  public:
-  CallInFlight(EngineClient& client, std::string method, CallOptions options = {5s, false})
+  CallInFlight(EngineClient& client, std::string method, const CallOptions& options = {5s, false})
       : thread_([&client, method = std::move(method), options, this] {
           reply_ = client.call(0, method, kEmptyArgs, options);
         }) {}

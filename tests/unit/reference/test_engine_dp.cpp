@@ -103,14 +103,18 @@ TEST_SUITE("reference_engine_dp") {
     CoordinatedPair pair;
     auto master = wire::pick_data_parallel_master("127.0.0.1", 2);
     REQUIRE(master);
-    for (const auto& [rank, frame] : pair.frontend.connect_all(2, *master)) {
+    for (const auto& registration : pair.frontend.connect_all(2, *master)) {
+      const int rank = registration.first;
+      const auto& frame = registration.second;
       CAPTURE(rank);
       CHECK(registered(frame, &wire::Registration::data_parallel_size) == 2);
       CHECK(registered(frame, &wire::Registration::data_parallel_rank) == rank);
     }
     std::lock_guard lock(pair.mutex);
     REQUIRE(pair.groups.size() == 2);
-    for (const auto& [rank, group] : pair.groups) {
+    for (const auto& entry : pair.groups) {
+      const int rank = entry.first;
+      const auto& group = entry.second;
       CAPTURE(rank);
       CHECK(group.size == 2);
       CHECK(group.master == *master);

@@ -1,6 +1,6 @@
 #pragma once
 // Helpers shared by the wire unit tests: hex (spec test vectors are written as hex strings), a
-// deterministic generator, and a msgpack-c re-packer to check that encodings are minimal-width.
+// deterministic generator, and a msgpack-c re-pack to check that encodings are minimal-width.
 
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+
+#include "common/wire/msgpack_codec.hpp"
 
 namespace vllmd::test {
 
@@ -70,55 +72,12 @@ class SplitMix64 {
   std::uint64_t state_;
 };
 
-// Unpacks `bytes` with msgpack-c and packs the value again with msgpack-c's packer; equal bytes
-// mean our encoding uses the same (minimal) widths msgpack-c and Python's msgpack choose.
-// Floats are the one exception: msgpack-c >= 4.1 packs integral floats as integers (1.0 -> 01),
-// which a float64-preserving encoder must not do, so floats are written as float64/float32.
-inline void repack_msgpack_c(msgpack::packer<msgpack::sbuffer>& packer, msgpack::sbuffer& buffer,
-                             const msgpack::object& object) {
-  auto write_float = [&](char type, std::uint64_t bits, int size) {
-    char bytes[9];
-    bytes[0] = type;
-    for (int i = size; i >= 1; --i, bits >>= 8) bytes[i] = static_cast<char>(bits & 0xff);
-    buffer.write(bytes, static_cast<std::size_t>(size) + 1);
-  };
-  switch (object.type) {
-    case msgpack::type::FLOAT64: {
-      std::uint64_t bits = 0;
-      std::memcpy(&bits, &object.via.f64, sizeof bits);
-      write_float('\xcb', bits, 8);
-      break;
-    }
-    case msgpack::type::FLOAT32: {
-      const auto value = static_cast<float>(object.via.f64);
-      std::uint32_t bits = 0;
-      std::memcpy(&bits, &value, sizeof bits);
-      write_float('\xca', bits, 4);
-      break;
-    }
-    case msgpack::type::ARRAY:
-      packer.pack_array(object.via.array.size);
-      for (std::uint32_t i = 0; i < object.via.array.size; ++i) {
-        repack_msgpack_c(packer, buffer, object.via.array.ptr[i]);
-      }
-      break;
-    case msgpack::type::MAP:
-      packer.pack_map(object.via.map.size);
-      for (std::uint32_t i = 0; i < object.via.map.size; ++i) {
-        repack_msgpack_c(packer, buffer, object.via.map.ptr[i].key);
-        repack_msgpack_c(packer, buffer, object.via.map.ptr[i].val);
-      }
-      break;
-    default: msgpack::pack(buffer, object); break;
-  }
-}
-
+// Unpacks `bytes` with msgpack-c and packs the value again with msgpack-c's packer, floats
+// kept at their width (wire::encode_object, which msgpack_codec's own tests pin); equal bytes
+// mean an encoding uses the same minimal widths msgpack-c and Python's msgpack choose.
 inline std::string msgpack_c_repack(std::string_view bytes) {
   msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size());
-  msgpack::sbuffer buffer;
-  msgpack::packer<msgpack::sbuffer> packer(buffer);
-  repack_msgpack_c(packer, buffer, handle.get());
-  return std::string(buffer.data(), buffer.size());
+  return wire::encode_object(handle.get());
 }
 
 // Plain msgpack::pack of the unpacked value, for documents without floats.

@@ -870,6 +870,7 @@ TEST_CASE("msgpack-c re-packs our output to identical bytes") {
       "0",
       "-9223372036854775808",
       "18446744073709551615",
+      // NOLINTNEXTLINE(bugprone-suspicious-missing-comma): one document over two lines
       "[0,127,128,255,256,65535,65536,4294967295,4294967296,-1,-32,-33,-128,-129,-32768,-32769,"
       "-2147483648,-2147483649]",
       "[1.5,-0.0,1e300,1E-5,0.1,5e-324]",

@@ -272,8 +272,7 @@ TEST_CASE("UTILITY request decoder rejects malformed payloads") {
       "94a13001a16d90",  // string client_index
       "9400a131a16d90",  // string call_id
       "9400c0a16d90",    // nil call_id
-      "94000101"
-      "90",              // integer method
+      "9400010190",      // integer method
       "940001a16dc0",    // nil args
       "940001a16d80",    // map args
       "940001a16da0",    // string args
@@ -1091,17 +1090,17 @@ TEST_CASE("floats keep their type through the codecs") {
   }
   SUBCASE("encode_object") {
     for (std::string_view hex : {
-             "cb3ff0000000000000",  // 1.0
-             "cb8000000000000000",  // -0.0
-             "cb0000000000000000",  // 0.0
-             "cbc000000000000000",  // -2.0
-             "cb4340000000000000",  // 2^53
-             "cb7e37e43c8800759c",  // 1e300, integral
-             "cb3ff8000000000000",  // 1.5
-             "cb7ff8000000000000",  // NaN
-             "ca3f800000",          // float32 1.0 stays float32
-             "ca3fc00000",          // float32 1.5
-             "93cb3ff0000000000000"
+             "cb3ff0000000000000",   // 1.0
+             "cb8000000000000000",   // -0.0
+             "cb0000000000000000",   // 0.0
+             "cbc000000000000000",   // -2.0
+             "cb4340000000000000",   // 2^53
+             "cb7e37e43c8800759c",   // 1e300, integral
+             "cb3ff8000000000000",   // 1.5
+             "cb7ff8000000000000",   // NaN
+             "ca3f800000",           // float32 1.0 stays float32
+             "ca3fc00000",           // float32 1.5
+             "93cb3ff0000000000000"  // NOLINT(bugprone-suspicious-missing-comma): one vector
              "81a178cb4000000000000000"
              "92ca40400000c0",
          }) {

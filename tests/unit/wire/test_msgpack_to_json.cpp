@@ -22,7 +22,6 @@
 
 using namespace vllmd::wire;
 using vllmd::test::from_hex;
-using vllmd::test::msgpack_c_pack_plain;
 using vllmd::test::msgpack_c_repack;
 using vllmd::test::SplitMix64;
 using vllmd::test::to_hex;
