@@ -1,6 +1,7 @@
 #include "cmd/vllmctl/route_commands.hpp"
 
 #include <CLI/CLI.hpp>
+#include <deque>
 #include <memory>
 #include <string>
 
@@ -22,6 +23,7 @@ struct Group {
 };
 constexpr Group kGroups[] = {
     {"weights", "the weight-update lifecycle"},
+    {"cache", "the engines' caches"},
 };
 
 // One argument's values, as CLI11 writes them while parsing.
@@ -33,11 +35,24 @@ struct ArgValue {
   CLI::Option* option = nullptr;
 };
 
+// A flag that switches a command to another route ("weights start --draft").
+struct Variant {
+  const Route* route = nullptr;
+  bool chosen = false;
+  CLI::Option* flag = nullptr;
+};
+
 struct RouteCommand {
   const Route* route = nullptr;
-  std::vector<ArgValue> values;    // as many as route->cli.args: CLI11 binds their addresses
-  const Route* variant = nullptr;  // the route a flag switches to ("weights start --draft")
-  bool variant_chosen = false;
+  std::vector<ArgValue> values;  // as many as route->cli.args: CLI11 binds their addresses
+  std::deque<Variant> variants;  // a deque: CLI11 binds `chosen`, which must not move
+
+  const Route& chosen() const {
+    for (const Variant& variant : variants) {
+      if (variant.chosen) return *variant.route;
+    }
+    return *route;
+  }
 };
 
 // The command a route's Cli::command names (words before any "--flag"), under `app`:
@@ -89,7 +104,7 @@ void bind(CLI::App& command, ArgValue& value) {
 
 // The call a parsed route command makes, its body members gathered in `body`.
 int run(const Context& context, const RouteCommand& command) {
-  const Route& route = command.variant_chosen ? *command.variant : *command.route;
+  const Route& route = command.chosen();
   const std::string step(route.cli.command);
   Call call{route.operation};
   std::string members;
@@ -148,9 +163,16 @@ std::vector<std::pair<CLI::App*, Command>> add_route_commands(CLI::App& app) {
       for (std::size_t i = 0; i < made.size(); ++i) {
         if (made[i].first != words.substr(0, flag)) continue;
         RouteCommand& command = *made[i].second;
-        command.variant = &route;
-        commands[i].first->add_flag(std::string(words.substr(flag + 1)), command.variant_chosen,
-                                    std::string(route.summary) + " [" + route_text(route) + "]");
+        Variant& variant = command.variants.emplace_back();
+        variant.route = &route;
+        variant.flag = commands[i].first->add_flag(
+            std::string(words.substr(flag + 1)), variant.chosen,
+            std::string(route.summary) + " [" + route_text(route) + "]");
+        // The command's own arguments and the other variants belong to other routes.
+        for (const ArgValue& value : command.values) variant.flag->excludes(value.option);
+        for (const Variant& other : command.variants) {
+          if (&other != &variant) variant.flag->excludes(other.flag);
+        }
       }
       continue;
     }

@@ -115,6 +115,9 @@ ReferenceCore::Method ReferenceCore::find_method(std::string_view name) {
       {"resume_scheduler", &ReferenceCore::resume_scheduler},
       {"is_scheduler_paused", &ReferenceCore::is_scheduler_paused},
       {"reference_state", &ReferenceCore::reference_state},
+      {"reset_prefix_cache", &ReferenceCore::reset_prefix_cache},
+      {"reset_mm_cache", &ReferenceCore::reset_mm_cache},
+      {"reset_encoder_cache", &ReferenceCore::reset_encoder_cache},
   };
   for (const auto& [method_name, method] : kMethods) {
     if (method_name == name) return method;
@@ -231,6 +234,32 @@ ReferenceCore::Result ReferenceCore::is_scheduler_paused(const std::string& qual
 ReferenceCore::Result ReferenceCore::reference_state(const std::string& qualname, Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
   return encode_state(*this);
+}
+
+// EngineCore.reset_prefix_cache(reset_running_requests=False, reset_connector=False): True,
+// since no request of the reference engine holds blocks.
+ReferenceCore::Result ReferenceCore::reset_prefix_cache(const std::string& qualname,
+                                                        Positional args) {
+  auto bound = bind_call(qualname, {{"reset_running_requests", false}, {"reset_connector", false}},
+                         args, nullptr);
+  if (!bound) return fail(bound.error());
+  for (const msgpack::object* flag : *bound) {
+    if (flag != nullptr && flag->type != msgpack::type::BOOLEAN) {
+      return fail(type_error("reset_prefix_cache() argument", "a bool", *flag));
+    }
+  }
+  return pack([&](wire::Packer& packer) { packer.pack(true); });
+}
+
+ReferenceCore::Result ReferenceCore::reset_mm_cache(const std::string& qualname, Positional args) {
+  if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
+  return nil();
+}
+
+ReferenceCore::Result ReferenceCore::reset_encoder_cache(const std::string& qualname,
+                                                         Positional args) {
+  if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
+  return nil();
 }
 
 }  // namespace vllmd::reference

@@ -79,6 +79,9 @@ class ReferenceCore {
   Result resume_scheduler(const std::string& qualname, Positional args);
   Result is_scheduler_paused(const std::string& qualname, Positional args);
   Result reference_state(const std::string& qualname, Positional args);
+  Result reset_prefix_cache(const std::string& qualname, Positional args);
+  Result reset_mm_cache(const std::string& qualname, Positional args);
+  Result reset_encoder_cache(const std::string& qualname, Positional args);
 
   ParallelSizes sizes_;
   Backend backend_;

@@ -20,6 +20,9 @@ DEV_ROUTES = [
     ("POST", "/pause", None),
     ("POST", "/resume", None),
     ("GET", "/is_paused", None),
+    ("POST", "/reset_prefix_cache", None),
+    ("POST", "/reset_mm_cache", None),
+    ("POST", "/reset_encoder_cache", None),
 ]
 
 

@@ -122,6 +122,28 @@ class CommandsTest(CtlTestCase):
         self.assert_ok(self.ctl("pause"))
         self.assertTrue(self.paused())
 
+    def test_cache_reset(self):
+        self.assertEqual(self.assert_ok(self.ctl("cache", "reset")).stdout,
+                         "prefix cache reset (success: true)\n")
+        self.assertEqual(
+            self.assert_ok(self.ctl("cache", "reset", "--running-requests", "--external")).stdout,
+            "prefix cache reset (success: true)\n")
+        self.assertEqual(self.assert_ok(self.ctl("cache", "reset", "--mm")).stdout,
+                         "multi-modal cache reset\n")
+        self.assertEqual(self.assert_ok(self.ctl("cache", "reset", "--encoder")).stdout,
+                         "encoder cache reset\n")
+        self.assertEqual(self.json_lines(self.assert_ok(self.ctl("-o", "json", "cache", "reset"))),
+                         [{"success": True}])
+        self.assertEqual(
+            self.json_lines(self.assert_ok(self.ctl("-o", "json", "cache", "reset", "--mm"))),
+            [{}])
+        # One cache per call: a variant with another variant or with the prefix flags is a
+        # usage error, not a call that silently drops a flag.
+        for args in (["--mm", "--encoder"], ["--mm", "--running-requests"],
+                     ["--encoder", "--external"]):
+            with self.subTest(args=args):
+                self.assertEqual(self.ctl("cache", "reset", *args).returncode, 64)
+
     def test_info_from_stdin(self):
         with open(self.init, "rb") as handle:
             result = self.assert_ok(self.ctl("weights", "init", "--info", "-", stdin=handle))
