@@ -46,6 +46,20 @@ def methods(calls):
 
 class ConcurrencyTest(harness.DaemonTestCase):
 
+    def update_blocking_the_engine(self, daemon, engine):
+        """init and start, then call A: an update the engine holds for DELAY seconds, under
+        way (at the engine) once this returns."""
+        self.assert_json(daemon.post("/init_weight_transfer_engine",
+                                     json={"init_info": harness.NCCL_INIT_INFO}),
+                         200, {"message": "Weight transfer initialized"})
+        self.assert_json(daemon.post("/start_weight_update"), 200,
+                         {"message": "Weight update started"})
+        a = Call(daemon, "POST", "/update_weights", json={"update_info": UPDATE})
+        a.start()
+        harness.wait_until(lambda: "update_weights" in methods(engine.calls()), 10,
+                           message="the engine to receive A's update_weights")
+        return a
+
     def test_lifecycle_waits_its_turn_while_reads_are_fast(self):
         daemon, (engine,), _ = self.start_external(
             engine_extra={0: ["--inject-delay", f"update_weights={DELAY}"]})
@@ -54,16 +68,8 @@ class ConcurrencyTest(harness.DaemonTestCase):
                          200, {"success": True, "new_version": "step-7"})
         self.assert_json(daemon.get("/weight_info"), 200, {"weight_version": "step-7"})
         self.assert_json(daemon.get("/is_paused"), 200, {"is_paused": False})
-        self.assert_json(daemon.post("/init_weight_transfer_engine",
-                                     json={"init_info": harness.NCCL_INIT_INFO}),
-                         200, {"message": "Weight transfer initialized"})
-        self.assert_json(daemon.post("/start_weight_update"), 200,
-                         {"message": "Weight update started"})
 
-        a = Call(daemon, "POST", "/update_weights", json={"update_info": UPDATE})
-        a.start()
-        harness.wait_until(lambda: "update_weights" in methods(engine.calls()), 10,
-                           message="the engine to receive A's update_weights")
+        a = self.update_blocking_the_engine(daemon, engine)
         b = Call(daemon, "POST", "/finish_weight_update", json={"weight_version": "step-8"})
         b.start()
 
@@ -103,15 +109,7 @@ class ConcurrencyTest(harness.DaemonTestCase):
     def test_reads_are_fast_during_an_update_even_with_a_cold_cache(self):
         daemon, (engine,), _ = self.start_external(
             engine_extra={0: ["--inject-delay", f"update_weights={DELAY}"]})
-        self.assert_json(daemon.post("/init_weight_transfer_engine",
-                                     json={"init_info": harness.NCCL_INIT_INFO}),
-                         200, {"message": "Weight transfer initialized"})
-        self.assert_json(daemon.post("/start_weight_update"), 200,
-                         {"message": "Weight update started"})
-        a = Call(daemon, "POST", "/update_weights", json={"update_info": UPDATE})
-        a.start()
-        harness.wait_until(lambda: "update_weights" in methods(engine.calls()), 10,
-                           message="the engine to receive A's update_weights")
+        a = self.update_blocking_the_engine(daemon, engine)
         try:
             for path, body in (("/weight_info", {"weight_version": "default"}),
                                ("/is_paused", {"is_paused": False})):

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +33,12 @@ namespace vllmd::test {
 
 using api::Operation;
 using api::Response;
+using Ranks = std::vector<int>;
+using Incarnations = std::vector<std::uint64_t>;
+using Names = std::vector<std::string>;
+
+// The args of the finish that closes a session without a version (collective_rpc's four).
+inline constexpr std::string_view kFinishArgs = R"(["finish_weight_update",null,[],{}])";
 
 // The response to one call, once its Done ran (maybe after handle() returned).
 struct Answer {

@@ -10,7 +10,6 @@
 #include "tests/unit/api/service_fixture.hpp"
 
 using namespace vllmd::test;
-using Ranks = std::vector<int>;
 
 namespace {
 

@@ -10,13 +10,9 @@
 #include "tests/unit/api/service_fixture.hpp"
 
 using namespace vllmd::test;
-using Ranks = std::vector<int>;
-using Incarnations = std::vector<std::uint64_t>;
-using Names = std::vector<std::string>;
 
 namespace {
 
-const std::string kFinishArgs = R"(["finish_weight_update",null,[],{}])";
 const std::string kRank0Lost =
     "engine rank 0 restarted during the weight-update session (rank 0: incarnation 1, now 2); "
     "nothing was committed";

@@ -12,13 +12,9 @@
 #include "tests/unit/api/service_fixture.hpp"
 
 using namespace vllmd::test;
-using Ranks = std::vector<int>;
-using Incarnations = std::vector<std::uint64_t>;
-using Names = std::vector<std::string>;
 
 namespace {
 
-const std::string kFinishArgs = R"(["finish_weight_update",null,[],{}])";
 const std::string kSessionClosed = R"({"open":false,"version_current":true})";
 const std::string kRpcFailed = "Call to collective_rpc method failed";
 

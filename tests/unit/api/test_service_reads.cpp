@@ -13,7 +13,6 @@
 using namespace vllmd::test;
 using vllmd::api::route_for;
 using vllmd::engine::EngineState;
-using Names = std::vector<std::string>;
 
 namespace {
 

@@ -13,7 +13,6 @@
 #include "tests/unit/api/service_fixture.hpp"
 
 using namespace vllmd::test;
-using Names = std::vector<std::string>;
 
 namespace {
 

@@ -475,9 +475,11 @@ class JsonGenerator {
     return random_.below(5);
   }
 
-  void array(int depth, std::string& input, std::string& canonical) {
-    input.push_back('[');
-    canonical.push_back('[');
+  // `open`, items written by `item` with commas and whitespace between them, then `close`.
+  template <typename Item>
+  void container(char open, char close, std::string& input, std::string& canonical, Item&& item) {
+    input.push_back(open);
+    canonical.push_back(open);
     whitespace(input);
     const std::uint64_t size = container_size();
     for (std::uint64_t i = 0; i < size; ++i) {
@@ -486,24 +488,19 @@ class JsonGenerator {
         canonical.push_back(',');
         whitespace(input);
       }
-      value(depth, input, canonical);
+      item();
       whitespace(input);
     }
-    input.push_back(']');
-    canonical.push_back(']');
+    input.push_back(close);
+    canonical.push_back(close);
+  }
+
+  void array(int depth, std::string& input, std::string& canonical) {
+    container('[', ']', input, canonical, [&] { value(depth, input, canonical); });
   }
 
   void object(int depth, std::string& input, std::string& canonical, std::vector<Member>* members) {
-    input.push_back('{');
-    canonical.push_back('{');
-    whitespace(input);
-    const std::uint64_t size = container_size();
-    for (std::uint64_t i = 0; i < size; ++i) {
-      if (i != 0) {
-        input.push_back(',');
-        canonical.push_back(',');
-        whitespace(input);
-      }
+    container('{', '}', input, canonical, [&] {
       std::string key;
       string(input, canonical, 8, &key);
       whitespace(input);
@@ -515,10 +512,7 @@ class JsonGenerator {
       if (members != nullptr) {
         members->push_back({std::move(key), canonical.substr(value_begin)});
       }
-      whitespace(input);
-    }
-    input.push_back('}');
-    canonical.push_back('}');
+    });
   }
 
   SplitMix64 random_;
