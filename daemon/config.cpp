@@ -15,6 +15,7 @@
 #include "common/util/cidr.hpp"
 #include "common/util/log.hpp"
 #include "common/util/text.hpp"
+#include "common/wire/json_text.hpp"
 
 namespace vllmd::daemon {
 
@@ -286,6 +287,12 @@ constexpr Setting kSettings[] = {
      .help = "world size per engine when its registration is empty",
      .member = &Config::world_size,
      .check = IntRange{1, 1 << 20}},
+    {.key = "engine.served_model_name",
+     .flag = "--served-model-name",
+     .env = "VLLMD_SERVED_MODEL_NAME",
+     .help = "the model name GET /v1/models lists (what vllm serve --served-model-name says)",
+     .member = &Config::served_model_name,
+     .check = NonEmpty{}},
     {.key = "engine.backend",
      .env = "VLLMD_BACKEND",
      .help = "embedded engine's weight transfer backend: nccl|ipc|none",
@@ -785,6 +792,32 @@ void write_toml_value(std::ostream& out, const Value& value) {
       value);
 }
 
+void write_json_value(std::string& out, const Value& value) {
+  std::visit(
+      [&](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          out += v ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          wire::append_json_string(out, v);
+        } else if constexpr (std::is_same_v<T, Strings>) {
+          out += "[";
+          for (std::size_t i = 0; i < v.size(); ++i) {
+            if (i > 0) out += ",";
+            wire::append_json_string(out, v[i]);
+          }
+          out += "]";
+        } else if constexpr (std::is_same_v<T, double>) {
+          std::ostringstream number;
+          number << v;  // settings are finite (their checks say so)
+          out += number.str();
+        } else {
+          out += std::to_string(v);
+        }
+      },
+      value);
+}
+
 }  // namespace
 
 tl::expected<Invocation, LoadError> load(int argc, const char* const* argv) {
@@ -822,6 +855,24 @@ std::string to_toml(const Config& config) {
     out << "\n";
   }
   return out.str();
+}
+
+std::string to_json(const Config& config) {
+  std::string out = "{";
+  std::string section;
+  for (const Setting& setting : kSettings) {
+    const std::string_view key = setting.key;
+    const std::string_view this_section = key.substr(0, key.find('.'));
+    if (this_section != section) {
+      out += (section.empty() ? "" : "},") + wire::json_string(this_section) + ":{";
+      section = std::string(this_section);
+    } else {
+      out += ",";
+    }
+    out += wire::json_string(key.substr(key.find('.') + 1)) + ":";
+    write_json_value(out, shown(config, setting));
+  }
+  return out + (section.empty() ? "}" : "}}");
 }
 
 }  // namespace vllmd::daemon

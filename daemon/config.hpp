@@ -46,11 +46,12 @@ struct Config {
   std::vector<std::string> command;  // managed: argv, {handshake_address} etc. filled in
   double call_timeout = 1800;        // lifecycle calls (NCCL init/update block for minutes)
   double query_timeout = 10;
-  double startup_timeout = 0;    // HELLO -> READY (model load); 0: none
-  double probe_interval = 10;    // liveness probe of an idle engine; 0: off
-  std::int64_t world_size = 1;   // for engines that send an empty registration
-  std::string backend = "nccl";  // embedded reference engine
-  int tensor_parallel_size = 1;  // embedded reference engine
+  double startup_timeout = 0;                 // HELLO -> READY (model load); 0: none
+  double probe_interval = 10;                 // liveness probe of an idle engine; 0: off
+  std::int64_t world_size = 1;                // for engines that send an empty registration
+  std::string served_model_name = "default";  // GET /v1/models
+  std::string backend = "nccl";               // embedded reference engine
+  int tensor_parallel_size = 1;               // embedded reference engine
   // [log]
   std::string log_level = "info";
 
@@ -94,7 +95,9 @@ struct HostPort {
 };
 std::optional<HostPort> parse_data_parallel_master(std::string_view text);
 
-// The effective configuration as TOML.
+// The effective configuration as TOML, and as JSON ({"section": {"name": value}}); secrets
+// are "<redacted>" in both.
 std::string to_toml(const Config& config);
+std::string to_json(const Config& config);
 
 }  // namespace vllmd::daemon

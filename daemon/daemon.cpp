@@ -21,6 +21,7 @@
 #include "daemon/engines.hpp"
 #include "daemon/http_server.hpp"
 #include "daemon/notify.hpp"
+#include "daemon/server_info.hpp"
 
 namespace vllmd::daemon {
 
@@ -144,15 +145,16 @@ void print_routes() {
 }
 
 api::Response render_metrics(const Metrics& metrics, Engines& engines, const HttpServer& server,
-                             const util::Executor& executor) {
+                             const util::Executor& executor,
+                             const api::WeightSyncService& service) {
   const http::ServerStats stats = server.stats();
   const ConnectionGauges connections{stats.connections, stats.handling,
                                      static_cast<int>(executor.queued()), stats.refused,
                                      stats.total};
   api::Response response;
   response.content_type = "text/plain; version=0.0.4; charset=utf-8";
-  response.body =
-      metrics.render(engines.client().engines(), engines.client().pending_calls(), connections);
+  response.body = metrics.render(engines.client().engines(), engines.client().pending_calls(),
+                                 connections, service.sleep_states());
   return response;
 }
 
@@ -162,6 +164,7 @@ api::ServiceOptions service_options(const Config& config) {
   options.query_timeout = util::milliseconds_of(config.query_timeout);
   options.world_size_fallback = config.world_size;
   options.session_idle_timeout = util::milliseconds_of(config.session_idle_timeout);
+  options.served_model_name = config.served_model_name;
   return options;
 }
 
@@ -287,8 +290,10 @@ class Daemon {
     // The engines go before the service (drain()): they never call it after it is gone.
     engines_->client().set_state_listener(
         [this](const engine::EngineStatus& engine) { service_->on_engine_state(engine); });
-    service_->set_operation_observer([this](std::string_view operation, double seconds) {
-      metrics_.observe_operation(operation, seconds);
+    service_->set_operation_observer([this](const api::OperationEvent& event) {
+      if (!event.finished) return metrics_.operation_started(event.operation);
+      metrics_.operation_finished(event.operation, event.seconds, event.succeeded,
+                                  event.reached_engine);
     });
     return std::nullopt;
   }
@@ -316,8 +321,15 @@ class Daemon {
         });
     notifier_->start();
     service_->set_daemon_hooks(
-        {.metrics = [this] { return render_metrics(metrics_, *engines_, *server_, *executor_); },
-         .reload = [this] { return reload_all(); }});
+        {.metrics =
+             [this] {
+               return render_metrics(metrics_, *engines_, *server_, *executor_, *service_);
+             },
+         .reload = [this] { return reload_all(); },
+         .server_info =
+             [this](bool json_config) {
+               return server_info(config_, engines_->client().engines(), json_config);
+             }});
   }
 
   // SIGHUP and POST /reload (vllmctl reload, for ExecReload=) take this path, one at a time.

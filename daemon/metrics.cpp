@@ -7,15 +7,38 @@
 namespace vllmd::daemon {
 
 namespace {
-constexpr std::string_view kOperationMetric = "vllm:rl_weight_update_operation_duration_seconds";
+
+constexpr std::string_view kWeightDuration = "vllm:rl_weight_update_operation_duration_seconds";
+constexpr std::string_view kWeightOutcomes = "vllm:rl_weight_update_operations_total";
+constexpr std::string_view kWeightInFlight = "vllm:rl_weight_update_operations_in_flight";
+constexpr std::string_view kSleepDuration = "vllm:sleep_mode_operation_duration_seconds";
+constexpr std::string_view kSleepInFlight = "vllm:sleep_mode_operations_in_flight";
+constexpr std::string_view kSleepState = "vllm:engine_sleep_state";
+
+void header(std::ostream& out, std::string_view name, std::string_view type,
+            std::string_view help) {
+  out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+}
+
 }  // namespace
 
-void Metrics::observe_operation(std::string_view operation, double seconds) {
+void Metrics::operation_started(std::string_view operation) {
   std::lock_guard lock(mutex_);
   auto found = operations_.find(operation);
-  if (found == operations_.end())
-    found = operations_.emplace(std::string(operation), Histogram{}).first;
-  Histogram& histogram = found->second;
+  if (found == operations_.end()) found = operations_.emplace(operation, Operation{}).first;
+  ++found->second.in_flight;
+}
+
+void Metrics::operation_finished(std::string_view operation, double seconds, bool succeeded,
+                                 bool reached_engine) {
+  std::lock_guard lock(mutex_);
+  auto found = operations_.find(operation);
+  if (found == operations_.end()) found = operations_.emplace(operation, Operation{}).first;
+  Operation& entry = found->second;
+  --entry.in_flight;
+  ++(succeeded ? entry.succeeded : entry.failed);
+  if (!reached_engine) return;
+  Histogram& histogram = entry.duration;
   for (std::size_t i = 0; i < kBuckets.size(); ++i) {
     if (seconds <= kBuckets[i]) {
       ++histogram.buckets[i];
@@ -71,26 +94,69 @@ void write_connections(std::ostream& out, const ConnectionGauges& connections) {
 
 }  // namespace
 
-void Metrics::write_operations(std::ostream& out) const {
-  out << "# HELP " << kOperationMetric
-      << " Duration of weight-sync operations that reached the engines.\n"
-      << "# TYPE " << kOperationMetric << " histogram\n";
-  // Every operation label appears from the start, so dashboards see zeros rather than gaps.
+namespace {
+
+void write_histogram(std::ostream& out, std::string_view name, std::string_view operation,
+                     const std::array<std::uint64_t, Metrics::kBuckets.size()>& buckets,
+                     std::uint64_t count, double sum) {
+  std::uint64_t cumulative = 0;
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    cumulative += buckets[i];
+    out << name << "_bucket{operation=\"" << operation << "\",le=\"" << Metrics::kBuckets[i]
+        << "\"} " << cumulative << "\n";
+  }
+  out << name << "_bucket{operation=\"" << operation << "\",le=\"+Inf\"} " << count << "\n";
+  out << name << "_sum{operation=\"" << operation << "\"} " << sum << "\n";
+  out << name << "_count{operation=\"" << operation << "\"} " << count << "\n";
+}
+
+// The routes' operation labels of one family, in table order.
+std::vector<std::string_view> labels(api::MetricFamily family) {
+  std::vector<std::string_view> found;
   for (const api::Route& route : api::routes()) {
-    const std::string_view operation = route.metric;
-    if (operation.empty()) continue;
+    if (!route.metric.empty() && route.metric_family == family) found.push_back(route.metric);
+  }
+  return found;
+}
+
+}  // namespace
+
+// Every operation label appears from the start, so dashboards see zeros rather than gaps.
+void Metrics::write_operations(std::ostream& out) const {
+  const auto entry = [this](std::string_view operation) {
     const auto found = operations_.find(operation);
-    const Histogram histogram = found == operations_.end() ? Histogram{} : found->second;
-    std::uint64_t cumulative = 0;
-    for (std::size_t i = 0; i < kBuckets.size(); ++i) {
-      cumulative += histogram.buckets[i];
-      out << kOperationMetric << "_bucket{operation=\"" << operation << "\",le=\"" << kBuckets[i]
-          << "\"} " << cumulative << "\n";
-    }
-    out << kOperationMetric << "_bucket{operation=\"" << operation << "\",le=\"+Inf\"} "
-        << histogram.count << "\n";
-    out << kOperationMetric << "_sum{operation=\"" << operation << "\"} " << histogram.sum << "\n";
-    out << kOperationMetric << "_count{operation=\"" << operation << "\"} " << histogram.count
+    return found == operations_.end() ? Operation{} : found->second;
+  };
+  const std::vector<std::string_view> weight = labels(api::MetricFamily::kWeightUpdate);
+  const std::vector<std::string_view> sleep = labels(api::MetricFamily::kSleepMode);
+  header(out, kWeightDuration, "histogram",
+         "Duration of weight-sync operations that reached the engines.");
+  for (std::string_view operation : weight) {
+    const Histogram h = entry(operation).duration;
+    write_histogram(out, kWeightDuration, operation, h.buckets, h.count, h.sum);
+  }
+  header(out, kWeightOutcomes, "counter",
+         "Weight-sync operations by outcome, one per dispatched engine call.");
+  for (std::string_view operation : weight) {
+    const Operation o = entry(operation);
+    out << kWeightOutcomes << "{operation=\"" << operation << "\",status=\"success\"} "
+        << o.succeeded << "\n"
+        << kWeightOutcomes << "{operation=\"" << operation << "\",status=\"error\"} " << o.failed
+        << "\n";
+  }
+  header(out, kWeightInFlight, "gauge", "Weight-sync operations currently awaited.");
+  for (std::string_view operation : weight) {
+    out << kWeightInFlight << "{operation=\"" << operation << "\"} " << entry(operation).in_flight
+        << "\n";
+  }
+  header(out, kSleepDuration, "histogram", "Duration of sleep-mode operations.");
+  for (std::string_view operation : sleep) {
+    const Histogram h = entry(operation).duration;
+    write_histogram(out, kSleepDuration, operation, h.buckets, h.count, h.sum);
+  }
+  header(out, kSleepInFlight, "gauge", "Sleep-mode operations currently awaited.");
+  for (std::string_view operation : sleep) {
+    out << kSleepInFlight << "{operation=\"" << operation << "\"} " << entry(operation).in_flight
         << "\n";
   }
 }
@@ -106,12 +172,30 @@ void Metrics::write_requests(std::ostream& out) const {
   }
 }
 
+namespace {
+
+// vLLM's gauge: 1 for the state each engine is in, 0 for the others.
+void write_sleep_states(std::ostream& out, const std::vector<std::string_view>& states) {
+  header(out, kSleepState, "gauge",
+         "Each engine's sleep state: awake, weights_offloaded (level 1), discard_all (level 2).");
+  for (std::size_t rank = 0; rank < states.size(); ++rank) {
+    for (std::string_view state : {"awake", "weights_offloaded", "discard_all"}) {
+      out << kSleepState << "{engine=\"" << rank << "\",sleep_state=\"" << state << "\"} "
+          << (states[rank] == state ? 1 : 0) << "\n";
+    }
+  }
+}
+
+}  // namespace
+
 std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
-                            std::size_t pending_calls, const ConnectionGauges& connections) const {
+                            std::size_t pending_calls, const ConnectionGauges& connections,
+                            const std::vector<std::string_view>& sleep_states) const {
   std::ostringstream out;
   out.precision(9);
   std::lock_guard lock(mutex_);
   write_operations(out);
+  write_sleep_states(out, sleep_states);
   write_requests(out);
   write_engines(out, engines, pending_calls);
   write_connections(out, connections);

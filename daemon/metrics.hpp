@@ -1,7 +1,8 @@
 #pragma once
-// Prometheus metrics of vllmd (text exposition format 0.0.4): the weight-operation duration
-// histogram vLLM's frontends export, request counts by route and status, engine liveness and
-// HTTP connection gauges.
+// Prometheus metrics of vllmd (text exposition format 0.0.4): vLLM's RL operation metrics
+// (weight-update duration, outcomes and in-flight; sleep-mode duration and in-flight; each
+// engine's sleep state), request counts by route and status, engine liveness and HTTP
+// connection gauges.
 
 #include <array>
 #include <cstdint>
@@ -31,10 +32,15 @@ class Metrics {
   static constexpr std::array<double, 17> kBuckets = {
       0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800};
 
-  void observe_operation(std::string_view operation, double seconds);
+  // An operation dispatched (`finished` false) or ended (api::OperationEvent's fields).
+  void operation_started(std::string_view operation);
+  void operation_finished(std::string_view operation, double seconds, bool succeeded,
+                          bool reached_engine);
   void count_request(std::string_view route, int status);
+  // `sleep_states`: by rank, as api::WeightSyncService::sleep_states gives them.
   std::string render(const std::vector<engine::EngineStatus>& engines, std::size_t pending_calls,
-                     const ConnectionGauges& connections) const;
+                     const ConnectionGauges& connections,
+                     const std::vector<std::string_view>& sleep_states = {}) const;
 
  private:
   struct Histogram {
@@ -42,11 +48,17 @@ class Metrics {
     std::uint64_t count = 0;
     double sum = 0;
   };
+  struct Operation {
+    Histogram duration;  // of those that reached an engine
+    std::uint64_t succeeded = 0;
+    std::uint64_t failed = 0;
+    std::int64_t in_flight = 0;
+  };
   void write_operations(std::ostream& out) const;  // with mutex_ held
   void write_requests(std::ostream& out) const;    // with mutex_ held
 
   mutable std::mutex mutex_;
-  std::map<std::string, Histogram, std::less<>> operations_;
+  std::map<std::string, Operation, std::less<>> operations_;
   // By route (an index into api::routes(); routes().size() for any other path) and status.
   std::map<std::pair<std::size_t, int>, std::uint64_t> requests_;
 };

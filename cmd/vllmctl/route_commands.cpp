@@ -7,6 +7,7 @@
 
 #include "cmd/vllmctl/commands.hpp"
 #include "cmd/vllmctl/inputs.hpp"
+#include "common/wire/json_text.hpp"
 
 namespace vllmd::vllmctl {
 
@@ -131,8 +132,15 @@ int run(const Context& context, const RouteCommand& command) {
         }
         break;
       }
+      case ArgKind::kBodyJson:
+        if (given)
+          members += (members.empty() ? "" : ",") + wire::json_string(key) + ":" + value.one;
+        break;
       case ArgKind::kQuery:
-        if (given && !value.one.empty()) call.query.emplace_back(key, value.one);
+        if (!given) break;
+        for (const std::string& one : arg.repeatable ? value.many : std::vector{value.one}) {
+          if (!one.empty()) call.query.emplace_back(key, one);
+        }
         break;
       case ArgKind::kQueryFlag:
         if (value.flag) call.query.emplace_back(key, std::string(arg.value));

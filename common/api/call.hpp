@@ -35,6 +35,7 @@ struct Call {
   std::optional<wire::Transcoded> document;  // the body, as msgpack
   std::string_view value;                    // the member's msgpack bytes, inside `document`
   std::optional<std::string> text;           // a string member (a version)
+  std::string engine_args = "\x90";          // from the query (Route::engine_args); [] if none
 };
 using CallPtr = std::shared_ptr<Call>;
 

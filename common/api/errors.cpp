@@ -61,6 +61,9 @@ ApiError engine_timeout(std::string message) {
 ApiError conflict(std::string message) {
   return make(409, "conflict", "conflict", std::move(message));
 }
+ApiError weights_asleep_error(std::string message) {
+  return make(409, "conflict", "weights_asleep", std::move(message));
+}
 
 ApiError invalid_configuration(std::string message) {
   return make(400, "invalid_request_error", "invalid_configuration", std::move(message));

@@ -29,7 +29,8 @@ ApiError method_not_allowed();
 ApiError server_error(std::string message);
 ApiError engine_unavailable(std::string message);
 ApiError engine_timeout(std::string message);
-ApiError conflict(std::string message);  // 409: a session owned by another client
+ApiError conflict(std::string message);              // 409: a session owned by another client
+ApiError weights_asleep_error(std::string message);  // 409: a weight update on sleeping weights
 ApiError invalid_configuration(std::string message);
 
 // The connection layer's errors (malformed or stalled requests, limits): the same shape.

@@ -51,10 +51,9 @@ Response with_note(ApiError error, const std::string& note, double seconds) {
 
 }  // namespace
 
-// Validated before it may wait (a bad request never waits and never reaches an engine), then
-// run in its turn.
+// Validated before it may wait (handle(): a bad request never waits and never reaches an
+// engine), then run in its turn.
 void WeightSyncService::enqueue(const CallPtr& call, const Done& done) {
-  if (auto valid = validate_body(*call); !valid) return done(error_response(valid.error()));
   const Handler handler = call->route->handler;
   lifecycle_queue_.run(
       [this, call, handler, done](const SerialQueue::Finished& finished) {
@@ -113,6 +112,7 @@ void WeightSyncService::forward(const Call& call, std::vector<std::uint64_t> inc
 
 void WeightSyncService::start(const CallPtr& call, const Done& done) {
   if (auto conflict = sessions_.conflict(call->session)) return done(error_response(*conflict));
+  if (auto asleep = weights_asleep()) return done(error_response(*asleep));
   // A rank that may still hold a session vllmd gave up on is closed first, or it would refuse.
   flush_pending_closes([this, call, done] {
     const std::vector<std::uint64_t> incarnations = current_incarnations();
@@ -166,6 +166,10 @@ std::optional<std::vector<std::uint64_t>> WeightSyncService::continue_session(co
                                                                               const Done& done) {
   if (auto conflict = sessions_.conflict(call.session)) {
     done(error_response(*conflict));
+    return std::nullopt;
+  }
+  if (auto asleep = weights_asleep()) {
+    done(error_response(*asleep));
     return std::nullopt;
   }
   std::vector<std::uint64_t> session = sessions_.incarnations();

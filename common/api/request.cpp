@@ -111,12 +111,12 @@ tl::expected<bool, ApiError> query_bool(const Query& query, std::string_view key
       "'" + std::string(key) + "' must be a boolean, got '" + *value + "'", std::string(key)));
 }
 
-tl::expected<std::string, ApiError> pause_mode(const Query& query) {
+tl::expected<std::string, ApiError> pause_mode(const Query& query, std::string_view param) {
   const std::string* value = query_value(query, "mode");
   if (value == nullptr) return std::string("abort");
   if (*value == "abort" || *value == "wait" || *value == "keep") return *value;
-  return tl::unexpected(
-      invalid_request("'mode' must be one of abort, wait, keep; got '" + *value + "'", "mode"));
+  return tl::unexpected(invalid_request(
+      "'mode' must be one of abort, wait, keep; got '" + *value + "'", std::string(param)));
 }
 
 namespace {

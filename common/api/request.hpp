@@ -39,7 +39,9 @@ tl::expected<void, ApiError> validate_body(Call& call);
 // Query parameters. Booleans accept what FastAPI accepts: true/false, 1/0, yes/no, on/off.
 const std::string* query_value(const Query& query, std::string_view key);
 tl::expected<bool, ApiError> query_bool(const Query& query, std::string_view key, bool fallback);
-tl::expected<std::string, ApiError> pause_mode(const Query& query);
+// mode=abort|wait|keep (default abort); `param` names it in the 400 (/sleep's is
+// "query.mode", as vLLM's frontends name it there).
+tl::expected<std::string, ApiError> pause_mode(const Query& query, std::string_view param = "mode");
 
 // Parses "a=1&b=two" with percent-decoding.
 Query parse_query(std::string_view text);

@@ -16,25 +16,6 @@ using engine::EngineReply;
 
 namespace {
 
-std::string pause_args(const std::string& mode, bool clear_cache) {
-  wire::StringBuffer buffer;
-  wire::Packer packer(buffer);
-  packer.pack_array(2);
-  wire::pack_str(packer, mode);
-  packer.pack(clear_cache);
-  return buffer.take();
-}
-
-// The args of a pause or resume from its query, or the 400.
-tl::expected<std::string, ApiError> scheduler_args(const Call& call) {
-  if (call.route->operation != Operation::kPause) return std::string("\x90");  // []
-  auto mode = pause_mode(call.query);
-  if (!mode) return tl::unexpected(mode.error());
-  auto clear_cache = query_bool(call.query, "clear_cache", true);
-  if (!clear_cache) return tl::unexpected(clear_cache.error());
-  return pause_args(*mode, *clear_cache);
-}
-
 std::string still_note(bool pause, const std::vector<int>& missed) {
   const std::string state = pause ? "running" : "paused";
   if (missed.empty()) return "generation may still be " + state + " where the call did not succeed";
@@ -46,14 +27,12 @@ std::string still_note(bool pause, const std::vector<int>& missed) {
 
 void WeightSyncService::scheduler(const CallPtr& call, const Done& done) {
   const Route& route = *call->route;
-  auto args = scheduler_args(*call);
-  if (!args) return done(error_response(args.error()));
   const bool pause = route.operation == Operation::kPause;
   // mode=wait drains running requests: as long as a lifecycle call may take.
   const CallOptions call_options{options_.lifecycle_timeout, false};
   const std::string method(route.engine_method);
-  fan_out(method, "", method, {*args}, call_options, route.changes, {},
-          [this, pause, method, args = *args, done](FanOut result) {
+  fan_out(method, "", method, {call->engine_args}, call_options, route.changes, {},
+          [this, pause, method, args = call->engine_args, done](FanOut result) {
             std::vector<int> missed;  // unreachable: they get it as soon as they are ready again
             {
               std::lock_guard lock(scheduler_mutex_);

@@ -22,11 +22,21 @@ Response error_response(const ApiError& error, double engine_seconds) {
 
 WeightSyncService::WeightSyncService(engine::EngineCalls& engines, ServiceOptions options,
                                      util::Executor* executor)
-    : engines_(engines), options_(options), lifecycle_queue_(executor),
-      sessions_(options.session_idle_timeout) {}
+    : engines_(engines), options_(std::move(options)),
+      started_at_(std::chrono::duration_cast<std::chrono::seconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count()),
+      lifecycle_queue_(executor), sessions_(options_.session_idle_timeout) {}
 
 void WeightSyncService::handle(const CallPtr& call, const Done& done) {
   const Route& route = *call->route;
+  // Everything is checked before the call may queue or reach an engine.
+  if (auto valid = validate_body(*call); !valid) return done(error_response(valid.error()));
+  if (route.engine_args != nullptr) {
+    auto args = route.engine_args(*call);
+    if (!args) return done(error_response(args.error()));
+    call->engine_args = std::move(*args);
+  }
   switch (route.handling) {
     case Handling::kLifecycle: return enqueue(call, done);
     case Handling::kRead:
@@ -66,6 +76,7 @@ void WeightSyncService::fan_out(std::string operation_name, std::string metric,
   // Until this call succeeds, nobody knows what the engines hold.
   if (changes == Changes::kVersion) known_.changing_version(sequence);
   if (changes == Changes::kPaused) known_.changing_paused(sequence);
+  if (observer_ && !metric.empty()) observer_({.operation = metric});
   auto completion = [this, started, sequence, operation_name = std::move(operation_name),
                      metric = std::move(metric),
                      then = std::move(then)](std::vector<EngineReply> replies) {
@@ -80,7 +91,13 @@ void WeightSyncService::fan_out(std::string operation_name, std::string metric,
         std::any_of(result.replies.begin(), result.replies.end(), [](const EngineReply& reply) {
           return reply.value || reply.value.error().kind != CallErrorKind::kUnavailable;
         });
-    if (observer_ && !metric.empty() && reached_engine) observer_(metric, result.seconds);
+    if (observer_ && !metric.empty()) {
+      observer_({.operation = metric,
+                 .finished = true,
+                 .seconds = result.seconds,
+                 .succeeded = !result.error,
+                 .reached_engine = reached_engine});
+    }
     if (result.error) util::log::warning(result.error->message);
     then(std::move(result));
   };
@@ -220,6 +237,26 @@ void WeightSyncService::reload(const CallPtr&, const Done& done) {
 
 void WeightSyncService::session_status(const CallPtr&, const Done& done) {
   done({200, sessions_.snapshot().json()});
+}
+
+// The OpenAI model list vLLM serves, with the one model the engines serve: clients (TRL's)
+// call it when they are created.
+void WeightSyncService::models(const CallPtr&, const Done& done) {
+  const std::string name = wire::json_string(options_.served_model_name);
+  const std::string created = std::to_string(started_at_);
+  done({200, R"({"object":"list","data":[{"id":)" + name + R"(,"object":"model","created":)" +
+                 created + R"(,"owned_by":"vllm","root":)" + name +
+                 R"(,"parent":null,"max_model_len":null,"permission":[]}]})"});
+}
+
+void WeightSyncService::server_info(const CallPtr& call, const Done& done) {
+  const std::string* format = query_value(call->query, "config_format");
+  if (format != nullptr && *format != "text" && *format != "json") {
+    return done(error_response(invalid_request(
+        "config_format must be text or json, got '" + *format + "'", "query.config_format")));
+  }
+  if (!hooks_.server_info) return done(error_response(not_found()));
+  done({200, hooks_.server_info(format != nullptr && *format == "json")});
 }
 
 }  // namespace vllmd::api

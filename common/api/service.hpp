@@ -20,6 +20,7 @@
 #include "common/api/request.hpp"
 #include "common/api/serial_queue.hpp"
 #include "common/api/session.hpp"
+#include "common/api/sleep_state.hpp"
 #include "common/api/table.hpp"
 #include "common/engine/engine_calls.hpp"
 #include "common/util/executor.hpp"
@@ -35,17 +36,29 @@ struct ServiceOptions {
   std::int64_t world_size_fallback = 1;
   // An owned weight-update session idle this long becomes anonymous.
   std::chrono::milliseconds session_idle_timeout = std::chrono::minutes(10);
+  // The model GET /v1/models lists.
+  std::string served_model_name = "default";
 };
 
 Response error_response(const ApiError& error, double engine_seconds = 0);
 
-// The outcome of one operation that reached the engines, for the duration histogram.
-using OperationObserver = std::function<void(std::string_view operation, double seconds)>;
+// One engine operation a route makes (its Route::metric label), for vLLM's RL metrics: once
+// when it is dispatched (`finished` false), once when it ends.
+struct OperationEvent {
+  std::string_view operation;
+  bool finished = false;
+  double seconds = 0;
+  bool succeeded = false;
+  bool reached_engine = false;  // false: every engine was unavailable, nothing was sent
+};
+using OperationObserver = std::function<void(const OperationEvent& event)>;
 
 // What only the daemon can answer, for the routes the service hands to it.
 struct DaemonHooks {
   std::function<Response()> metrics;                   // Prometheus text
   std::function<std::optional<std::string>()> reload;  // the error line, when invalid
+  // GET /server_info's body; `json_config`: the configuration as JSON, else as TOML text.
+  std::function<std::string(bool json_config)> server_info;
 };
 
 class WeightSyncService {
@@ -64,6 +77,9 @@ class WeightSyncService {
 
   void set_operation_observer(OperationObserver observer) { observer_ = std::move(observer); }
   void set_daemon_hooks(DaemonHooks hooks) { hooks_ = std::move(hooks); }
+  // By rank: "awake", "weights_offloaded" (sleep level 1), "discard_all" (level 2), or ""
+  // when only the KV cache sleeps (vllm:engine_sleep_state).
+  std::vector<std::string_view> sleep_states() const;
   // Give it every engine state change (EngineClient::set_state_listener), while both live.
   void on_engine_state(const engine::EngineStatus& engine);
 
@@ -78,12 +94,19 @@ class WeightSyncService {
   void scheduler(const CallPtr& call, const Done& done);          // pause, resume
   void engine_command(const CallPtr& call, const Done& done);     // reset_mm_cache, ...
   void reset_prefix_cache(const CallPtr& call, const Done& done);
+  void is_sleeping(const CallPtr& call, const Done& done);
+  void sleep(const CallPtr& call, const Done& done);  // lifecycle, as are the two below
+  void wake_up(const CallPtr& call, const Done& done);
+  void release_kv_cache_memory(const CallPtr& call, const Done& done);
+  void collective_rpc(const CallPtr& call, const Done& done);  // lifecycle (rpc.cpp)
   void world_size(const CallPtr& call, const Done& done);
   void health(const CallPtr& call, const Done& done);
   void version(const CallPtr& call, const Done& done);
   void metrics(const CallPtr& call, const Done& done);
   void reload(const CallPtr& call, const Done& done);
   void session_status(const CallPtr& call, const Done& done);
+  void models(const CallPtr& call, const Done& done);  // GET /v1/models
+  void server_info(const CallPtr& call, const Done& done);
 
  private:
   // Runs one UTILITY method on every engine (or on `ranks`); `then` gets the replies and the
@@ -97,6 +120,17 @@ class WeightSyncService {
   void fan_out(std::string operation_name, std::string metric, const std::string& engine_method,
                const engine::EngineCalls::ArgParts& args, const engine::CallOptions& options,
                Changes changes, const std::vector<int>& ranks, std::function<void(FanOut)> then);
+
+  // The route's engine method with the call's args on every engine; `answer` turns the
+  // replies into the 200 (an engine's failure is answered before it). engine_commands.cpp.
+  void on_every_engine(const CallPtr& call, Changes changes,
+                       std::function<Response(const FanOut&)> answer, const Done& done);
+
+  // Sleep mode (sleep.cpp): the 409 for a weight update while weights sleep, or nothing.
+  std::optional<ApiError> weights_asleep() const;
+  void sleep_call(const CallPtr& call,
+                  std::function<void(FanOut, std::vector<std::uint64_t>)> then);
+  Response sleep_failure(const FanOut& result) const;
 
   // The lifecycle (lifecycle.cpp).
   void enqueue(const CallPtr& call, const Done& done);
@@ -126,6 +160,7 @@ class WeightSyncService {
 
   engine::EngineCalls& engines_;
   ServiceOptions options_;
+  std::int64_t started_at_;  // Unix seconds: /v1/models' "created"
   OperationObserver observer_;
   DaemonHooks hooks_;
   SerialQueue lifecycle_queue_;
@@ -133,6 +168,7 @@ class WeightSyncService {
   std::atomic<int> calls_in_flight_{0};
   std::atomic<std::uint64_t> synced_admissions_{~std::uint64_t{0}};  // none synced yet
   KnownState known_;
+  SleepStates sleep_;
   // A pause or resume that could not reach an engine (it was unreachable or not answering):
   // delivered as soon as the engine is ready again. By rank: the method and its args.
   std::mutex scheduler_mutex_;

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "common/api/call.hpp"
+#include "common/api/engine_args.hpp"
 
 namespace vllmd::api {
 
@@ -31,6 +32,13 @@ enum class Operation {
   kResetPrefixCache,
   kResetMmCache,
   kResetEncoderCache,
+  kSleep,
+  kWakeUp,
+  kIsSleeping,
+  kReleaseKvCacheMemory,
+  kModels,
+  kServerInfo,
+  kCollectiveRpc,
 };
 
 // How a route is served. Every switch over it names every kind: a new one does not compile
@@ -39,7 +47,7 @@ enum class Handling {
   kLifecycle,  // weight-update calls: one at a time, in order, owned sessions (SerialQueue)
   kRead,       // an engine's state: from known state when certain, else asked of every engine
   kScheduler,  // pause/resume: an engine call outside the lifecycle queue
-  kEngine,     // a command to every engine (cache resets), outside the lifecycle queue
+  kEngine,     // a command or query to every engine (cache resets), outside the lifecycle queue
   kLocal,      // vllmd's own answer, no engine call: served on the event loop
 };
 
@@ -59,6 +67,12 @@ enum class Member {
   kOptionalString,  // weight_version: absent, null or a string
 };
 
+// Which of vLLM's operation metrics a route's `metric` label belongs to.
+enum class MetricFamily {
+  kWeightUpdate,  // vllm:rl_weight_update_operation{s_total,_duration_seconds,s_in_flight}
+  kSleepMode,     // vllm:sleep_mode_operation_duration_seconds, ..._operations_in_flight
+};
+
 // Which of vllmd's known state the route's engine call changes (uncertain until it succeeds).
 enum class Changes { kNothing, kVersion, kPaused };
 
@@ -66,6 +80,7 @@ enum class Changes { kNothing, kVersion, kPaused };
 enum class ArgKind {
   kBodyFile,    // FILE ('-': stdin) holding the body member's JSON; repeatable: one call each
   kBodyString,  // a string body member
+  kBodyJson,    // a body member given as JSON text on the command line (the server checks it)
   kQuery,       // a query parameter
   kQueryFlag,   // a flag that sets a query parameter to `value`
 };
@@ -112,7 +127,10 @@ struct Route {
   Member member_kind = Member::kNone;
   std::string_view engine_method = {};  // engine-core UTILITY method, or empty (no engine call)
   std::string_view worker_method = {};  // collective_rpc worker method, or empty
-  std::string_view metric = {};         // label in the operation-duration histogram, or empty
+  // The engine method's args from the query (checked first; a 400 reaches nothing); none: [].
+  EngineArgs engine_args = nullptr;
+  std::string_view metric = {};  // its operation label in vLLM's metrics, or empty
+  MetricFamily metric_family = MetricFamily::kWeightUpdate;
   Changes changes = Changes::kNothing;
   std::string_view success_message = {};  // {"message": ...} routes
   std::string_view summary = {};          // one line for help and docs

@@ -14,8 +14,6 @@ namespace {
 
 using util::fail;
 
-std::string nil() { return std::string(1, '\xc0'); }
-
 template <typename Write> std::string pack(Write&& write) {
   wire::StringBuffer buffer;
   wire::Packer packer(buffer);
@@ -45,10 +43,14 @@ void pack_count_field(wire::Packer& packer, std::string_view key, std::uint64_t 
 
 std::string encode_state(const ReferenceCore& core) {
   return pack([&](wire::Packer& packer) {
-    packer.pack_map(3);
+    packer.pack_map(4);
     wire::pack_str(packer, "weight_version");
     wire::pack_str(packer, core.weight_version());
     pack_bool_field(packer, "paused", core.paused());
+    wire::pack_str(packer, "sleeping_tags");
+    packer.pack_array((core.weights_asleep() ? 1 : 0) + (core.kv_cache_asleep() ? 1 : 0));
+    if (core.weights_asleep()) wire::pack_str(packer, "weights");
+    if (core.kv_cache_asleep()) wire::pack_str(packer, "kv_cache");
     wire::pack_str(packer, "workers");
     packer.pack_array(static_cast<std::uint32_t>(core.workers().size()));
     for (const WorkerState& worker : core.workers()) {
@@ -118,6 +120,10 @@ ReferenceCore::Method ReferenceCore::find_method(std::string_view name) {
       {"reset_prefix_cache", &ReferenceCore::reset_prefix_cache},
       {"reset_mm_cache", &ReferenceCore::reset_mm_cache},
       {"reset_encoder_cache", &ReferenceCore::reset_encoder_cache},
+      {"sleep", &ReferenceCore::sleep},
+      {"wake_up", &ReferenceCore::wake_up},
+      {"is_sleeping", &ReferenceCore::is_sleeping},
+      {"release_kv_cache_memory", &ReferenceCore::release_kv_cache_memory},
   };
   for (const auto& [method_name, method] : kMethods) {
     if (method_name == name) return method;
@@ -163,23 +169,27 @@ ReferenceCore::Result ReferenceCore::collective_rpc(const std::string& qualname,
     return fail(type_error("collective_rpc() argument 'kwargs'", "a dict or None", *kwargs));
   }
   const std::string_view worker_method(name->via.str.ptr, name->via.str.size);
+  if (auto refusal = asleep_refusal(worker_method)) return fail(*refusal);
   const Positional passed = worker_args ? positional(*worker_args) : Positional{};
   // Every worker runs the method (as vLLM's executor broadcasts it); the executor reads the
   // answers in rank order, so the lowest failing rank's error wins.
   std::optional<std::string> first_error;
   const int world_size = static_cast<int>(workers_.size());
+  std::vector<std::string> returned;
+  returned.reserve(workers_.size());
   for (int rank = 0; rank < world_size; ++rank) {
     const WorkerContext context{sizes_.data_parallel_rank * world_size + rank, backend_,
                                 insecure_serialization_};
-    auto status = run_worker_method(workers_[static_cast<std::size_t>(rank)], context,
-                                    worker_method, passed, kwargs);
-    if (!status && !first_error) first_error = status.error();
+    auto value = run_worker_method(workers_[static_cast<std::size_t>(rank)], context, worker_method,
+                                   passed, kwargs);
+    if (!value && !first_error) first_error = value.error();
+    if (value) returned.push_back(std::move(*value));
   }
   if (first_error) return fail(worker_error(*first_error));
-  return pack([&](wire::Packer& packer) {
-    packer.pack_array(static_cast<std::uint32_t>(world_size));
-    for (int rank = 0; rank < world_size; ++rank) packer.pack_nil();
-  });
+  std::string list = pack(
+      [&](wire::Packer& packer) { packer.pack_array(static_cast<std::uint32_t>(world_size)); });
+  for (const std::string& value : returned) list += value;
+  return list;
 }
 
 ReferenceCore::Result ReferenceCore::set_weight_version(const std::string& qualname,
@@ -189,7 +199,7 @@ ReferenceCore::Result ReferenceCore::set_weight_version(const std::string& qualn
   const auto version = wire::as_str(*bound->front());
   if (!version) return fail(type_error("weight version", "a str", *bound->front()));
   weight_version_ = std::string(*version);
-  return nil();
+  return none_value();
 }
 
 ReferenceCore::Result ReferenceCore::get_weight_version(const std::string& qualname,
@@ -203,32 +213,25 @@ ReferenceCore::Result ReferenceCore::pause_scheduler(const std::string& qualname
   if (!bound) return fail(bound.error());
   const msgpack::object* mode = (*bound)[0];
   const msgpack::object* clear_cache = (*bound)[1];
-  if (mode != nullptr) {
-    const auto text = wire::as_str(*mode);
-    if (!text) return fail(type_error("pause mode", "a str", *mode));
-    if (*text != "abort" && *text != "wait" && *text != "keep") {
-      return fail("Invalid pause mode: '" + std::string(*text) +
-                  "'. Expected one of 'abort', 'wait', 'keep'.");
-    }
-  }
+  if (auto error = pause_mode_error(mode)) return fail(*error);
   if (clear_cache != nullptr && clear_cache->type != msgpack::type::BOOLEAN) {
     return fail(type_error("clear_cache", "a bool", *clear_cache));
   }
   paused_ = true;
-  return nil();
+  return none_value();
 }
 
 ReferenceCore::Result ReferenceCore::resume_scheduler(const std::string& qualname,
                                                       Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
   paused_ = false;
-  return nil();
+  return none_value();
 }
 
 ReferenceCore::Result ReferenceCore::is_scheduler_paused(const std::string& qualname,
                                                          Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
-  return pack([&](wire::Packer& packer) { packer.pack(paused_); });
+  return bool_value(paused_);
 }
 
 ReferenceCore::Result ReferenceCore::reference_state(const std::string& qualname, Positional args) {
@@ -248,18 +251,18 @@ ReferenceCore::Result ReferenceCore::reset_prefix_cache(const std::string& qualn
       return fail(type_error("reset_prefix_cache() argument", "a bool", *flag));
     }
   }
-  return pack([&](wire::Packer& packer) { packer.pack(true); });
+  return bool_value(true);
 }
 
 ReferenceCore::Result ReferenceCore::reset_mm_cache(const std::string& qualname, Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
-  return nil();
+  return none_value();
 }
 
 ReferenceCore::Result ReferenceCore::reset_encoder_cache(const std::string& qualname,
                                                          Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
-  return nil();
+  return none_value();
 }
 
 }  // namespace vllmd::reference

@@ -5,6 +5,7 @@
 // behind the wire protocol; unit tests drive it directly.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tl/expected.hpp>
@@ -65,6 +66,9 @@ class ReferenceCore {
   const std::vector<WorkerState>& workers() const { return workers_; }
   const std::string& weight_version() const { return weight_version_; }
   bool paused() const { return paused_; }
+  // The executor's sleeping tags (vLLM's CuMem tags "weights" and "kv_cache").
+  bool weights_asleep() const { return weights_asleep_; }
+  bool kv_cache_asleep() const { return kv_cache_asleep_; }
 
  private:
   using Result = tl::expected<std::string, std::string>;
@@ -82,6 +86,13 @@ class ReferenceCore {
   Result reset_prefix_cache(const std::string& qualname, Positional args);
   Result reset_mm_cache(const std::string& qualname, Positional args);
   Result reset_encoder_cache(const std::string& qualname, Positional args);
+  // Sleep mode (sleep.cpp).
+  Result sleep(const std::string& qualname, Positional args);
+  Result wake_up(const std::string& qualname, Positional args);
+  Result is_sleeping(const std::string& qualname, Positional args);
+  Result release_kv_cache_memory(const std::string& qualname, Positional args);
+  std::optional<std::string> asleep_refusal(std::string_view worker_method) const;
+  void warn(std::string_view text) const;
 
   ParallelSizes sizes_;
   Backend backend_;
@@ -89,6 +100,9 @@ class ReferenceCore {
   std::vector<WorkerState> workers_;
   std::string weight_version_ = "default";
   bool paused_ = false;
+  bool weights_asleep_ = false;
+  bool kv_cache_asleep_ = false;
+  int sleep_level_ = 0;  // of the last sleep that put the executor to sleep
 };
 
 }  // namespace vllmd::reference

@@ -127,4 +127,17 @@ std::string type_error(std::string_view what, std::string_view expected,
          std::string(python_type(got));
 }
 
+std::string none_value() { return std::string(1, '\xc0'); }
+
+std::string bool_value(bool value) { return std::string(1, value ? '\xc3' : '\xc2'); }
+
+std::optional<std::string> pause_mode_error(const msgpack::object* mode) {
+  if (mode == nullptr || wire::is_nil(*mode)) return std::nullopt;
+  const auto text = wire::as_str(*mode);
+  if (!text) return type_error("pause mode", "a str", *mode);
+  if (*text == "abort" || *text == "wait" || *text == "keep") return std::nullopt;
+  return "Invalid pause mode: '" + std::string(*text) +
+         "'. Expected one of 'abort', 'wait', 'keep'.";
+}
+
 }  // namespace vllmd::reference

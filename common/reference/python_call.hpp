@@ -46,6 +46,13 @@ std::string_view python_type(const msgpack::object& object);
 std::optional<std::size_t> python_len(const msgpack::object& object);
 std::string no_len_error(const msgpack::object& object);  // "object of type 'int' has no len()"
 
+// A method's return value as msgpack: None, a bool.
+std::string none_value();
+std::string bool_value(bool value);
+
+// "Invalid pause mode: ..." unless `mode` is None or one of vLLM's PauseMode values.
+std::optional<std::string> pause_mode_error(const msgpack::object* mode);
+
 // "<what> must be <expected>, not <python type of got>".
 std::string type_error(std::string_view what, std::string_view expected,
                        const msgpack::object& got);

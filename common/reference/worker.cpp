@@ -83,9 +83,55 @@ Status update_weights(WorkerState& worker, const WorkerContext& context,
 
 }  // namespace
 
-tl::expected<void, std::string> run_worker_method(WorkerState& worker, const WorkerContext& context,
-                                                  std::string_view method, Positional args,
-                                                  const msgpack::object* kwargs) {
+namespace {
+
+// vLLM's test worker extension: the arguments back, and how many there were.
+std::string echo_args_kwargs(Positional args, const msgpack::object* kwargs) {
+  wire::StringBuffer buffer;
+  wire::Packer packer(buffer);
+  packer.pack_map(3);
+  wire::pack_str(packer, "args");
+  packer.pack_array(args.size);
+  const auto copy = [&](const msgpack::object& object) {
+    const std::string bytes = wire::encode_object(object);  // floats stay floats
+    buffer.write(bytes.data(), bytes.size());
+  };
+  for (std::uint32_t i = 0; i < args.size; ++i) copy(args.items[i]);
+  wire::pack_str(packer, "kwargs");
+  const std::uint32_t keywords = kwargs != nullptr ? kwargs->via.map.size : 0;
+  packer.pack_map(keywords);
+  for (std::uint32_t i = 0; i < keywords; ++i) {
+    copy(kwargs->via.map.ptr[i].key);
+    copy(kwargs->via.map.ptr[i].val);
+  }
+  wire::pack_str(packer, "total_items");
+  packer.pack_uint64(std::uint64_t{args.size} + keywords);
+  return buffer.take();
+}
+
+tl::expected<void, std::string> run_transfer_method(WorkerState& worker,
+                                                    const WorkerContext& context,
+                                                    std::string_view method, Positional args,
+                                                    const msgpack::object* kwargs);
+
+}  // namespace
+
+tl::expected<std::string, std::string> run_worker_method(WorkerState& worker,
+                                                         const WorkerContext& context,
+                                                         std::string_view method, Positional args,
+                                                         const msgpack::object* kwargs) {
+  if (method == "echo_args_kwargs") return echo_args_kwargs(args, kwargs);
+  auto done = run_transfer_method(worker, context, method, args, kwargs);
+  if (!done) return tl::unexpected(done.error());
+  return none_value();
+}
+
+namespace {
+
+tl::expected<void, std::string> run_transfer_method(WorkerState& worker,
+                                                    const WorkerContext& context,
+                                                    std::string_view method, Positional args,
+                                                    const msgpack::object* kwargs) {
   const Backend backend = context.backend;
   const std::string qualname = "Worker." + std::string(method);
   const bool start = method == "start_weight_update" || method == "start_draft_weight_update";
@@ -125,5 +171,7 @@ tl::expected<void, std::string> run_worker_method(WorkerState& worker, const Wor
   ++worker.sessions_finished;
   return {};
 }
+
+}  // namespace
 
 }  // namespace vllmd::reference

@@ -19,10 +19,13 @@ struct WorkerContext {
   bool insecure_serialization = true;  // VLLM_ALLOW_INSECURE_SERIALIZATION=1
 };
 
-// Runs `method(*args, **kwargs)` on one worker. The error is the exception text a Python
-// worker would raise (str(e)), before any executor wrapping.
-tl::expected<void, std::string> run_worker_method(WorkerState& worker, const WorkerContext& context,
-                                                  std::string_view method, Positional args,
-                                                  const msgpack::object* kwargs);
+// Runs `method(*args, **kwargs)` on one worker: its return value as msgpack (nil for None).
+// The error is the exception text a Python worker would raise (str(e)), before any executor
+// wrapping. Besides vLLM's weight-transfer methods, the reference workers have
+// echo_args_kwargs (vLLM's test extension): {"args": args, "kwargs": kwargs, "total_items": N}.
+tl::expected<std::string, std::string> run_worker_method(WorkerState& worker,
+                                                         const WorkerContext& context,
+                                                         std::string_view method, Positional args,
+                                                         const msgpack::object* kwargs);
 
 }  // namespace vllmd::reference

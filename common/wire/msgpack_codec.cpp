@@ -51,12 +51,7 @@ void write_float(StringBuffer& buffer, std::uint8_t type, std::uint64_t bits, in
 
 void pack_object(Packer& packer, StringBuffer& buffer, const msgpack::object& object) {
   switch (object.type) {
-    case msgpack::type::FLOAT64: {
-      std::uint64_t bits = 0;
-      std::memcpy(&bits, &object.via.f64, sizeof bits);
-      write_float(buffer, 0xcb, bits, 8);
-      break;
-    }
+    case msgpack::type::FLOAT64: pack_float64(buffer, object.via.f64); break;
     case msgpack::type::FLOAT32: {
       const auto value = static_cast<float>(object.via.f64);
       std::uint32_t bits = 0;
@@ -118,6 +113,12 @@ const msgpack::object* find_key(const msgpack::object& map, std::string_view key
     if (as_str(entry.key) == key) found = &entry.val;
   }
   return found;
+}
+
+void pack_float64(StringBuffer& buffer, double value) {
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  write_float(buffer, 0xcb, bits, 8);
 }
 
 void pack_str(Packer& packer, std::string_view text) {

@@ -54,5 +54,7 @@ class StringBuffer {
 using Packer = msgpack::packer<StringBuffer>;
 
 void pack_str(Packer& packer, std::string_view text);
+// A float64 that stays one (msgpack-c's pack_double writes an integral value as an integer).
+void pack_float64(StringBuffer& buffer, double value);
 
 }  // namespace vllmd::wire

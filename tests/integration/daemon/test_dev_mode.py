@@ -23,6 +23,12 @@ DEV_ROUTES = [
     ("POST", "/reset_prefix_cache", None),
     ("POST", "/reset_mm_cache", None),
     ("POST", "/reset_encoder_cache", None),
+    ("POST", "/sleep", None),
+    ("POST", "/wake_up", None),
+    ("GET", "/is_sleeping", None),
+    ("POST", "/release_kv_cache_memory", None),
+    ("GET", "/server_info", None),
+    ("POST", "/collective_rpc", {"method": "echo_args_kwargs"}),
 ]
 
 

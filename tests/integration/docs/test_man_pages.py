@@ -339,6 +339,7 @@ class ManPageTest(unittest.TestCase):
             "engine.data_parallel_master": "10.0.0.7:29600",
             "engine.command": "engine --handshake {handshake_address}",
             "engine.backend": "ipc",
+            "engine.served_model_name": "Qwen/Qwen3-8B",
             "log.level": "debug",
         }
         if key == "server.api_keys":

@@ -144,6 +144,45 @@ class CommandsTest(CtlTestCase):
             with self.subTest(args=args):
                 self.assertEqual(self.ctl("cache", "reset", *args).returncode, 64)
 
+    def test_sleep_and_wake_up(self):
+        self.assertEqual(self.assert_ok(self.ctl("sleep", "--level", "2")).stdout,
+                         "sleeping at level 2\n")
+        self.assertEqual(self.assert_ok(self.ctl("is-sleeping")).stdout, "true\n")
+        # While the weights sleep, vllmd refuses an update: exit 75, vllmd's reason on stderr.
+        self.assert_exit(self.ctl("weights", "start"), 75, ["asleep", "wake_up"])
+        self.assertEqual(self.assert_ok(self.ctl("wake-up", "--tags", "weights")).stdout,
+                         "engines sleeping\n")
+        self.assert_ok(self.ctl("weights", "start"))
+        self.assert_ok(self.ctl("weights", "finish"))
+        self.assertEqual(
+            self.json_lines(self.assert_ok(self.ctl("-o", "json", "wake-up", "--tags",
+                                                    "kv_cache"))),
+            [{"status": "awake", "tags_woken": ["kv_cache"]}])
+        self.assertEqual(self.assert_ok(self.ctl("is-sleeping")).stdout, "false\n")
+        self.assert_ok(self.ctl("pause"))
+        self.assertEqual(self.assert_ok(self.ctl("cache", "release")).stdout,
+                         "KV cache memory released\n")
+        self.assertEqual(self.assert_ok(self.ctl("wake-up")).stdout, "engines awake\n")
+        # Values outside the table's choices never reach vllmd.
+        for args in (["sleep", "--level", "3"], ["sleep", "--mode", "later"],
+                     ["wake-up", "--tags", "weight"]):
+            with self.subTest(args=args):
+                self.assertEqual(self.ctl(*args).returncode, 64)
+
+    def test_rpc_and_server_info(self):
+        result = self.assert_ok(self.ctl("rpc", "echo_args_kwargs", "--args", '["a", 1]',
+                                         "--kwargs", '{"k": 2.0}', "--rpc-timeout", "30"))
+        self.assertEqual(json.loads(result.stdout),
+                         [{"args": ["a", 1], "kwargs": {"k": 2.0}, "total_items": 3}])
+        # Bad JSON is the server's 400: exit 65, nothing ran.
+        self.assert_exit(self.ctl("rpc", "echo_args_kwargs", "--args", "[oops"), 65)
+        self.assert_exit(self.ctl("rpc", "load_model"), 70, ["load_model"])
+        self.assertIn("[server]", self.assert_ok(self.ctl("server-info")).stdout)
+        [document] = self.json_lines(self.assert_ok(self.ctl("-o", "json", "server-info",
+                                                             "--config-format", "json")))
+        self.assertEqual(document["vllm_config"]["server"]["dev_mode"], True)
+        self.assertEqual(document["engines"][0]["state"], "ready")
+
     def test_info_from_stdin(self):
         with open(self.init, "rb") as handle:
             result = self.assert_ok(self.ctl("weights", "init", "--info", "-", stdin=handle))

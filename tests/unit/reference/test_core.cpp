@@ -6,41 +6,20 @@
 #include <string_view>
 
 #include "common/reference/core.hpp"
-#include "common/wire/json_to_msgpack.hpp"
-#include "common/wire/msgpack_to_json.hpp"
+#include "tests/unit/reference/core_calls.hpp"
 
 namespace {
 
 using vllmd::reference::Backend;
 using vllmd::reference::ReferenceCore;
-
-std::string msgpack_of(std::string_view json) {
-  auto transcoded = vllmd::wire::json_to_msgpack(json);
-  REQUIRE(transcoded);
-  return transcoded->msgpack.str();
-}
-
-// The value as JSON, or "error: <message>".
-std::string call(ReferenceCore& core, std::string_view method, std::string_view args_json) {
-  auto result = core.call(method, msgpack_of(args_json));
-  if (!result) return "error: " + result.error();
-  auto json = vllmd::wire::msgpack_to_json(*result);
-  REQUIRE(json);
-  return *json;
-}
-
-std::string rpc(ReferenceCore& core, std::string_view worker_method,
-                std::string_view kwargs_json = "{}") {
-  return call(core, "collective_rpc",
-              "[\"" + std::string(worker_method) + "\",null,[]," + std::string(kwargs_json) + "]");
-}
+using vllmd::reference::testing::call;
+using vllmd::reference::testing::error;
+using vllmd::reference::testing::rpc;
 
 constexpr std::string_view kNcclInit =
     R"({"init_info":{"master_address":"10.0.0.1","master_port":29500,"rank_offset":1,"world_size":2}})";
 constexpr std::string_view kNcclUpdate =
     R"({"update_info":{"names":["a","b"],"dtype_names":["bfloat16","float32"],"shapes":[[2,3],[4]]}})";
-
-std::string error(std::string_view message) { return "error: " + std::string(message); }
 
 }  // namespace
 
@@ -53,10 +32,11 @@ TEST_SUITE("reference_core") {
     CHECK(rpc(core, "update_weights", kNcclUpdate) == "[null]");
     CHECK(rpc(core, "update_weights", kNcclUpdate) == "[null]");
     CHECK(rpc(core, "finish_weight_update", "null") == "[null]");
-    CHECK(call(core, "reference_state", "[]") ==
-          R"({"weight_version":"default","paused":false,"workers":[{"initialized":true,)"
-          R"("update_active":false,"draft":false,"updates_in_session":2,"sessions_finished":1,)"
-          R"("tensors_received":4}]})");
+    CHECK(
+        call(core, "reference_state", "[]") ==
+        R"({"weight_version":"default","paused":false,"sleeping_tags":[],"workers":[{"initialized":true,)"
+        R"("update_active":false,"draft":false,"updates_in_session":2,"sessions_finished":1,)"
+        R"("tensors_received":4}]})");
   }
 
   TEST_CASE("TP=2 returns one nil per worker and updates every worker") {
@@ -396,7 +376,7 @@ TEST_SUITE("reference_core") {
 
   TEST_CASE("unknown methods") {
     ReferenceCore core(0, 2, Backend::kNccl);
-    CHECK(call(core, "sleep", "[]") == error("'EngineCore' object has no attribute 'sleep'"));
+    CHECK(call(core, "profile", "[]") == error("'EngineCore' object has no attribute 'profile'"));
     // TP=2: the workers' AttributeError comes through MultiprocExecutor, quotes and all.
     CHECK(rpc(core, "load_model") ==
           error("Worker failed with error ''Worker' object has no attribute 'load_model'', "
