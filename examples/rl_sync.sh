@@ -79,9 +79,11 @@ with_retries() {
 
 with_retries "health check" -q health || exit $?
 write_init_info
+# Once per job: with NCCL every init is a rendezvous the trainer has to join.
+with_retries "init" weights init --info "$workdir/init.json" || exit $?
 for ((step = 1; step <= steps; step++)); do
   train_step "$step"
-  with_retries "step $step: sync" weights sync --init "$workdir/init.json" \
+  with_retries "step $step: sync" weights sync \
     --update "$workdir/update-$step.json" --version "step-$step" || exit $?
   log "step $step: weights synced; serving $("$vllmctl" weights info)"
 done

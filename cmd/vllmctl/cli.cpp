@@ -59,6 +59,10 @@ struct Args {
   SyncArgs sync;
   std::string sync_version;
   CLI::Option* sync_version_option = nullptr;
+  std::string sync_init;
+  CLI::Option* sync_init_option = nullptr;
+  int sync_sleep = 1;
+  CLI::Option* sync_sleep_option = nullptr;
   std::string shell;
 };
 
@@ -98,20 +102,34 @@ void define_global_flags(CLI::App& app, GlobalFlags& flags) {
 void define_sync(CLI::App& weights, Args& args, Commands& commands) {
   CLI::App* sync = weights.add_subcommand(
       "sync",
-      "init, then pause, start, update..., finish(version), resume; generation is resumed even "
-      "when a step fails, and the version is committed only by a successful finish");
-  sync->add_option("--init", args.sync.init, "JSON file holding init_info")
-      ->required()
-      ->type_name("FILE");
+      "[init,] pause, start, update..., finish(version), resume (with --sleep: pause, sleep, "
+      "wake weights, start, update..., finish, wake kv_cache, reset prefix cache, resume); "
+      "after a failure the session is closed, what slept is woken and generation resumed, and "
+      "the version is committed only by a successful finish");
+  args.sync_init_option =
+      sync->add_option("--init", args.sync_init,
+                       "JSON file holding init_info (once per job; without it the transfer "
+                       "engine must be initialized already)")
+          ->type_name("FILE");
   sync->add_option("--update", args.sync.updates, "JSON file holding update_info (repeatable)")
       ->required()
       ->allow_extra_args(false)
       ->type_name("FILE");
   args.sync_version_option =
       sync->add_option("--version", args.sync_version, "weight version to commit")->type_name("V");
-  sync->add_flag("--no-pause", args.sync.no_pause, "leave generation running during the sync");
+  CLI::Option* no_pause =
+      sync->add_flag("--no-pause", args.sync.no_pause, "leave generation running during the sync");
+  args.sync_sleep_option =
+      sync->add_option("--sleep", args.sync_sleep,
+                       "colocated: sleep at this level (1|2) around the update, waking the "
+                       "weights first and the KV cache after")
+          ->type_name("LEVEL")
+          ->check(CLI::IsMember({1, 2}))
+          ->excludes(no_pause);
   commands.server.emplace_back(sync, [&args](const Context& c) {
     if (args.sync_version_option->count() > 0) args.sync.version = args.sync_version;
+    if (args.sync_init_option->count() > 0) args.sync.init = args.sync_init;
+    if (args.sync_sleep_option->count() > 0) args.sync.sleep_level = args.sync_sleep;
     return weights_sync(c, args.sync);
   });
 }
@@ -130,6 +148,11 @@ void define_commands(CLI::App& app, Args& args, Commands& commands) {
           "health, engines, world size, paused, weight version and session in one view [" +
               status_routes + "]"),
       status);
+
+  commands.server.emplace_back(
+      app.add_subcommand("version", "vllmctl's version and the server's [" +
+                                        route_text(api::route_for(Operation::kVersion)) + "]"),
+      version);
 
   commands.completion = app.add_subcommand("completion", "print a shell completion script");
   commands.completion->add_option("shell", args.shell, "bash, zsh or fish")

@@ -14,14 +14,16 @@
 namespace vllmd::vllmctl {
 
 struct SyncArgs {
-  std::string init;
+  std::optional<std::string> init;  // none: the transfer engine is initialized already
   std::vector<std::string> updates;
   std::optional<std::string> version;
   bool no_pause = false;
+  std::optional<int> sleep_level;  // --sleep: the colocated order
 };
 int weights_sync(const Context& context, const SyncArgs& args);
 
 int status(const Context& context);
+int version(const Context& context);  // vllmctl's and the server's
 
 // Shared by the commands: one route called, its result printed (or its failure reported
 // under `step`). Returns the exit code.

@@ -6,6 +6,7 @@
 #include "cmd/vllmctl/commands.hpp"
 #include "cmd/vllmctl/reply.hpp"
 #include "common/api/errors.hpp"
+#include "common/version.hpp"
 #include "common/wire/json_text.hpp"
 
 namespace vllmd::vllmctl {
@@ -121,6 +122,29 @@ int status(const Context& context) {
   text.pop_back();  // result() ends the block with its own newline
   context.out().result(text, json);
   return code;
+}
+
+// vllmctl's version, then the server's (GET /version): vllmd's, and the engines' vLLM once
+// one registered. The client's line is printed even when the server cannot be reached.
+int version(const Context& context) {
+  const std::string client = std::string("vllmctl ") + kVersion;
+  auto reply = context.call(Call{api::Operation::kVersion});
+  std::string text = client;
+  std::string json = "{\"vllmctl\":" + wire::json_string(kVersion);
+  if (reply) {
+    const auto server = JsonReply::parse(reply->body);
+    const auto vllmd = server ? server->string_field("version") : std::nullopt;
+    const auto vllm = server ? server->string_field("vllm_version") : std::nullopt;
+    // vLLM's own server answers {"version": <vLLM's>}: say whose it is only when it is vllmd.
+    text += "\nserver " + vllmd.value_or("?") + (vllm ? " (vLLM " + *vllm + ")" : "");
+    json += ",\"server\":" + (reply->body.empty() ? std::string("null") : reply->body);
+  }
+  context.out().result(text, json + "}");
+  if (!reply) {
+    context.out().error("version", reply.error().message);
+    return reply.error().exit_code;
+  }
+  return api::exit_code::kOk;
 }
 
 }  // namespace vllmd::vllmctl

@@ -1,11 +1,15 @@
-// weights sync: init -> pause -> start -> update... -> finish(version) -> resume, in one
-// command. Generation is resumed whatever failed, and the version is only ever committed by
+// weights sync: [init ->] pause -> start -> update... -> finish(version) -> resume, in one
+// command; with --sleep LEVEL the colocated order of vLLM's RFC (vllm#48310): pause -> sleep
+// -> wake(weights) -> start -> update... -> finish -> wake(kv_cache) -> reset prefix cache ->
+// resume. Generation is resumed (and what slept woken) whatever failed, a session left open
+// by a failure is closed so that a retry can start, and the version is only ever committed by
 // a finish that follows successful updates (the daemon commits it after the engines' finish).
 
 #include <random>
 
 #include "cmd/vllmctl/commands.hpp"
 #include "cmd/vllmctl/inputs.hpp"
+#include "cmd/vllmctl/reply.hpp"
 #include "common/api/errors.hpp"
 
 namespace vllmd::vllmctl {
@@ -62,21 +66,29 @@ class SyncSteps {
   std::string failed_;
 };
 
-// The init file, then the update files.
+// What a sync does besides start/update/finish.
+struct SyncPlan {
+  bool pauses = true;
+  bool sleeps = false;  // --sleep: the colocated order
+};
+
+// The init file (an empty first entry without --init), then the update files.
 std::vector<InfoInput> sync_inputs(const SyncArgs& args) {
-  std::vector<InfoInput> inputs{
-      InfoInput(args.init, api::route_for(api::Operation::kInitWeightTransfer))};
+  std::vector<InfoInput> inputs;
+  if (args.init) {
+    inputs.emplace_back(*args.init, api::route_for(api::Operation::kInitWeightTransfer));
+  }
   for (const std::string& update : args.updates) {
     inputs.emplace_back(update, api::route_for(api::Operation::kUpdateWeights));
   }
   return inputs;
 }
 
-void send_updates(SyncSteps& steps, std::vector<InfoInput>& inputs) {
-  const std::size_t updates = inputs.size() - 1;
-  for (std::size_t i = 1; i < inputs.size(); ++i) {
+void send_updates(SyncSteps& steps, std::vector<InfoInput>& inputs, std::size_t first) {
+  const std::size_t updates = inputs.size() - first;
+  for (std::size_t i = first; i < inputs.size(); ++i) {
     const std::string detail =
-        std::to_string(i) + "/" + std::to_string(updates) + ": " + inputs[i].label();
+        std::to_string(i - first + 1) + "/" + std::to_string(updates) + ": " + inputs[i].label();
     steps.send("update", api::Operation::kUpdateWeights, inputs[i], detail);
   }
 }
@@ -90,15 +102,35 @@ void finish(SyncSteps& steps, const std::optional<std::string>& version) {
              version ? "version " + *version : "");
 }
 
-// Resumes (above all after a failure: a paused server serves no one) when the sync pauses, and
-// sums up a failure.
-int resume_and_report(const Context& context, const SyncSteps& steps, bool pauses) {
-  int resume_code = api::exit_code::kOk;
-  if (pauses) resume_code = run_step(context, step_name("resume"), Call{api::Operation::kResume});
-  if (steps.ok()) return resume_code;
+// Whether a weight-update session may still be open after a failed step: vllmd says (GET
+// /weight_update_session); a server without that route (vLLM's own) may hold one.
+bool session_may_be_open(const Context& context) {
+  auto reply = context.call(Call{api::Operation::kSessionStatus});
+  if (!reply) return true;
+  const auto json = JsonReply::parse(reply->body);
+  const msgpack::object* open = json ? json->field("open") : nullptr;
+  return open == nullptr || open->type != msgpack::type::BOOLEAN || open->via.boolean;
+}
+
+// After a failure: closes a session left open (finish without a version, so that a retry can
+// start), wakes what slept, resumes generation; then sums up.
+int recover_and_report(const Context& context, const SyncSteps& steps, const SyncPlan& plan,
+                       bool started) {
   std::string summary = "failed at " + steps.failed() + "; weight version not committed";
-  if (pauses) {
-    summary += resume_code == api::exit_code::kOk
+  if (started && session_may_be_open(context)) {
+    const int closed =
+        run_step(context, step_name("close", "finish without a version"),
+                 Call{api::Operation::kFinishWeightUpdate}, "finish without a version");
+    summary +=
+        closed == api::exit_code::kOk ? "; session closed" : "; closing the session failed too";
+  }
+  if (plan.sleeps) {
+    const int woken = run_step(context, step_name("wake up"), Call{api::Operation::kWakeUp});
+    summary += woken == api::exit_code::kOk ? "; engines woken" : "; waking failed too";
+  }
+  if (plan.pauses) {
+    const int resumed = run_step(context, step_name("resume"), Call{api::Operation::kResume});
+    summary += resumed == api::exit_code::kOk
                    ? "; generation resumed"
                    : "; resume failed too: generation may still be paused";
   }
@@ -118,20 +150,40 @@ int weights_sync(const Context& given, const SyncArgs& args) {
     context.out().error(kCommand, checked.error().message);
     return checked.error().exit_code;
   }
+  const SyncPlan plan{.pauses = !args.no_pause, .sleeps = args.sleep_level.has_value()};
 
   SyncSteps steps(context);
-  // init first: it does not touch the served weights, so generation keeps running meanwhile.
-  steps.send("init", Operation::kInitWeightTransfer, inputs[0], inputs[0].label());
-  if (!steps.ok()) {
-    context.out().error(kCommand, "failed at " + steps.failed() +
-                                      "; generation was not paused; weight version not committed");
-    return steps.code();
+  // init first (once per job; --init is for a sync that also sets the transfer up): it does
+  // not touch the served weights, so generation keeps running meanwhile.
+  if (args.init) {
+    steps.send("init", Operation::kInitWeightTransfer, inputs[0], inputs[0].label());
+    if (!steps.ok()) {
+      context.out().error(kCommand, "failed at " + steps.failed() +
+                                        "; generation was not paused; weight version not "
+                                        "committed");
+      return steps.code();
+    }
   }
-  if (!args.no_pause) steps.step("pause", Call{Operation::kPause});
+  if (plan.pauses) steps.step("pause", Call{Operation::kPause});
+  if (plan.sleeps) {
+    steps.step("sleep", Call{Operation::kSleep, {{"level", std::to_string(*args.sleep_level)}}});
+    steps.step("wake up", Call{Operation::kWakeUp, {{"tags", "weights"}}}, "weights");
+  }
   steps.step("start", Call{Operation::kStartWeightUpdate});
-  send_updates(steps, inputs);
+  const bool started = steps.ok();
+  send_updates(steps, inputs, args.init ? 1 : 0);
   finish(steps, args.version);
-  return resume_and_report(context, steps, !args.no_pause);
+  if (!steps.ok()) return recover_and_report(context, steps, plan, started);
+  if (plan.sleeps) {
+    steps.step("wake up", Call{Operation::kWakeUp, {{"tags", "kv_cache"}}}, "kv_cache");
+    // The full wake resumes the engines' scheduler: running requests may hold blocks already.
+    steps.step("reset prefix cache",
+               Call{Operation::kResetPrefixCache, {{"reset_running_requests", "true"}}});
+  }
+  if (!steps.ok()) return recover_and_report(context, steps, plan, false);
+  if (!plan.pauses && !plan.sleeps) return api::exit_code::kOk;
+  const int resumed = run_step(context, step_name("resume"), Call{Operation::kResume});
+  return resumed;
 }
 
 }  // namespace vllmd::vllmctl

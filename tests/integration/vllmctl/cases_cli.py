@@ -40,7 +40,9 @@ class UsageTest(CtlTestCase):
             ["weights", "init"],
             ["weights", "update"],
             ["weights", "set-version"],
-            ["weights", "sync", "--update", "u.json"],
+            ["weights", "sync", "--init", "i.json"],
+            ["weights", "sync", "--update", "u.json", "--sleep", "3"],
+            ["weights", "sync", "--update", "u.json", "--sleep", "1", "--no-pause"],
             ["pause", "--mode", "later"],
             ["--timeout", "soon", "health"],
             ["--timeout", "-1", "health"],
@@ -187,7 +189,8 @@ class CompletionTest(CtlTestCase):
                          ["set-version", "start", "sync"])
         self.assertEqual(self.bash_complete("vllmctl", "--server", "http://x", "weights", "sync",
                                             "--"),
-                         sorted(["--init", "--update", "--version", "--no-pause", "--server",
+                         sorted(["--init", "--update", "--version", "--no-pause", "--sleep",
+                                 "--server",
                                  "--token-file", "--cacert", "--session", "--timeout", "--output",
                                  "--quiet", "--verbose", "--help"]))
         self.assertEqual(self.bash_complete("vllmctl", "pause", "--mode", ""),

@@ -6,7 +6,7 @@ import pty
 import subprocess
 
 from ctl_harness import CtlTestCase
-from harness import NCCL_INIT_INFO, update_info
+from harness import NCCL_INIT_INFO, free_port, update_info
 
 
 class CommandsTest(CtlTestCase):
@@ -168,6 +168,19 @@ class CommandsTest(CtlTestCase):
                      ["wake-up", "--tags", "weight"]):
             with self.subTest(args=args):
                 self.assertEqual(self.ctl(*args).returncode, 64)
+
+    def test_version_names_client_and_server(self):
+        lines = self.assert_ok(self.ctl("version")).stdout.splitlines()
+        self.assertEqual(len(lines), 2, lines)
+        self.assertRegex(lines[0], r"^vllmctl \d+\.\d+\.\d+$")
+        self.assertRegex(lines[1], r"^server \d+\.\d+\.\d+")
+        [document] = self.json_lines(self.assert_ok(self.ctl("-o", "json", "version")))
+        self.assertEqual(document["vllmctl"], lines[0].split()[1])
+        self.assertIn("version", document["server"])
+        unreachable = self.ctl("--server", f"http://127.0.0.1:{free_port()}", "version",
+                               server=False)
+        self.assert_exit(unreachable, 69)
+        self.assertEqual(unreachable.stdout, lines[0] + "\n")
 
     def test_rpc_and_server_info(self):
         result = self.assert_ok(self.ctl("rpc", "echo_args_kwargs", "--args", '["a", 1]',

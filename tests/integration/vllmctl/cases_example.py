@@ -20,9 +20,13 @@ class ExampleTest(CtlTestCase):
                               text=True, timeout=120, cwd=self.workdir)
 
     def test_syncs_every_step(self):
-        daemon = self.start_daemon()
+        daemon, engine = self.start_external()
         result = self.assert_ok(self.run_script(3))
         self.assertIn("step 3: weights synced; serving step-3", result.stderr)
+        names = call_names(engine.calls())
+        self.assertEqual(names.count("init_weight_transfer_engine"), 1,
+                         "the job initializes once, not every step")
+        self.assertEqual(names.count("finish_weight_update"), 3)
         self.assertEqual(daemon.get("/weight_info").json(), {"weight_version": "step-3"})
         self.assertEqual(daemon.get("/is_paused").json(), {"is_paused": False})
 
@@ -60,10 +64,10 @@ class ExampleTest(CtlTestCase):
         self.assertIn("step 1: sync: exit code 69 (attempt 1 of 5); retrying in 0.1 s",
                       result.stderr)
         paths = [request["path"].split("?")[0] for request in fake.requests]
-        # First attempt: init, pause (503), resume. Second: the whole sync.
+        # Init once; the sync's first attempt: pause (503), resume; the second: the whole sync.
         self.assertEqual(paths[paths.index("/init_weight_transfer_engine"):], [
             "/init_weight_transfer_engine", "/pause", "/resume",
-            "/init_weight_transfer_engine", "/pause", "/start_weight_update", "/update_weights",
+            "/pause", "/start_weight_update", "/update_weights",
             "/finish_weight_update", "/resume", "/weight_info"])
         init = json.loads(fake.requests[paths.index("/init_weight_transfer_engine")]["body"])
         self.assertEqual(init["init_info"]["world_size"], 3)

@@ -69,6 +69,69 @@ class SyncTest(CtlTestCase):
             "finish_weight_update"])
         self.assert_resumed_and_unversioned(daemon)
 
+    def test_init_once_then_sync_every_step_without_it(self):
+        daemon, engine = self.start_external()
+        self.assert_ok(self.ctl("weights", "init", "--info", "init.json"))
+        for step in ("step-1", "step-2"):
+            result = self.assert_ok(self.ctl("weights", "sync", "--update", "a.json",
+                                             "--version", step))
+            self.assertEqual(result.stdout.splitlines()[0], "generation paused")
+        self.assertEqual(self.engine_calls(engine).count("init_weight_transfer_engine"), 1)
+        self.assert_resumed_and_unversioned(daemon, "step-2")
+
+    def test_the_colocated_order_with_sleep(self):
+        daemon, engine = self.start_external()
+        self.assert_ok(self.ctl("weights", "init", "--info", "init.json"))
+        result = self.assert_ok(self.ctl("weights", "sync", "--sleep", "1", "--update", "a.json",
+                                         "--version", "colocated-1"))
+        self.assertEqual(result.stdout.splitlines(), [
+            "generation paused",
+            "sleeping at level 1",
+            "engines sleeping (weights)",
+            "weight update started",
+            "weights updated (1/1: a.json)",
+            "weight update finished (version colocated-1)",
+            "engines awake (kv_cache)",
+            "prefix cache reset (success: true)",
+            "generation resumed",
+        ])
+        calls = [call for call in engine.calls() if call["method"] not in QUERIES][1:]
+        self.assertEqual([(call["worker_method"] or call["method"], call["args"])
+                          if call["method"] in ("sleep", "wake_up", "reset_prefix_cache")
+                          else call["worker_method"] or call["method"] for call in calls], [
+            "pause_scheduler", ("sleep", [1, "abort"]), ("wake_up", [["weights"]]),
+            "start_weight_update", "update_weights", "finish_weight_update",
+            "set_weight_version", ("wake_up", [["kv_cache"]]),
+            ("reset_prefix_cache", [True, False]), "resume_scheduler"])
+        self.assert_resumed_and_unversioned(daemon, "colocated-1")
+        self.assertEqual(daemon.get("/is_sleeping").json(), {"is_sleeping": False})
+
+    def test_a_failed_colocated_sync_wakes_everything_and_resumes(self):
+        daemon, engine = self.start_external("--inject-fail", "update_weights")
+        self.assert_ok(self.ctl("weights", "init", "--info", "init.json"))
+        self.assert_exit(self.ctl("weights", "sync", "--sleep", "2", "--update", "a.json",
+                                  "--version", "never"),
+                         70, "failed at update (1/1: a.json); weight version not committed; "
+                             "engines woken; generation resumed")
+        calls = self.engine_calls(engine)
+        self.assertEqual(calls[-3:], ["finish_weight_update", "wake_up", "resume_scheduler"])
+        self.assertEqual(daemon.get("/is_sleeping").json(), {"is_sleeping": False})
+        self.assert_resumed_and_unversioned(daemon)
+
+    def test_a_step_vllmctl_gave_up_on_closes_the_session_so_a_retry_starts(self):
+        # The update is answered after 2 s; vllmctl gives up at 1.5 s (exit 75) while vllmd
+        # still holds the session open. vllmctl closes it (finish without a version, queued
+        # behind the update in vllmd), so the retry the man page recommends can start.
+        daemon, engine = self.start_external("--inject-hold", "update_weights=2")
+        self.assert_ok(self.ctl("weights", "init", "--info", "init.json"))
+        self.assert_exit(self.ctl("--timeout", "1.5", "weights", "sync", "--update", "a.json",
+                                  "--version", "lost"),
+                         75, "failed at update (1/1: a.json); weight version not committed; "
+                             "session closed; generation resumed")
+        self.assertEqual(daemon.get("/weight_update_session").json()["open"], False)
+        self.assert_ok(self.ctl("weights", "sync", "--update", "b.json", "--version", "retried"))
+        self.assert_resumed_and_unversioned(daemon, "retried")
+
     def test_failed_update_still_resumes_and_commits_nothing(self):
         daemon, engine = self.start_external("--inject-fail", "update_weights")
         self.assert_ok(self.ctl("weights", "set-version", "before"))

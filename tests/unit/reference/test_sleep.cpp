@@ -6,13 +6,10 @@
 
 #include "tests/unit/reference/core_calls.hpp"
 
-namespace {
+using namespace vllmd::reference;
+using namespace vllmd::reference::testing;
 
-using vllmd::reference::Backend;
-using vllmd::reference::ReferenceCore;
-using vllmd::reference::testing::call;
-using vllmd::reference::testing::error;
-using vllmd::reference::testing::rpc;
+namespace {
 
 std::string tags(ReferenceCore& core) {
   const std::string state = call(core, "reference_state", "[]");
