@@ -1,5 +1,7 @@
 #include "tests/unit/api/service_fixture.hpp"
 
+#include <utility>
+
 #include "common/api/request.hpp"
 #include "common/wire/json_text.hpp"
 #include "common/wire/json_to_msgpack.hpp"
@@ -36,7 +38,7 @@ FakeEngines::Responder holding(const std::string& held, const std::string& versi
 }
 
 ServiceFixture::ServiceFixture(int ranks, api::ServiceOptions options)
-    : engines(ranks), service(engines, options) {
+    : engines(ranks), service(engines, std::move(options)) {
   engines.set_responder(succeeding());
   engines.on_state_change = [this](const engine::EngineStatus& engine) {
     service.on_engine_state(engine);
