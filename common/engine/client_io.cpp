@@ -324,6 +324,11 @@ void EngineClient::Impl::shut_down() {
                                                               "engine client is shutting down"}));
   }
   pending.clear();
+  // Stop the monitors before their sockets close: libzmq 4.3 leaks an event it fails to send
+  // to a closed monitor (an engine dropping its connection meanwhile, with an address of more
+  // than 33 bytes, as ipc paths are).
+  zmq_socket_monitor(handshake.handle(), nullptr, 0);
+  zmq_socket_monitor(input.handle(), nullptr, 0);
   handshake_monitor.close();
   input_monitor.close();
   handshake.close();
