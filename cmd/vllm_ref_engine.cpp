@@ -116,11 +116,16 @@ void define_engine_flags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
   app.add_option("--backend", flags.backend, "Weight transfer backend")
       ->type_name("BACKEND")
-      ->check(CLI::IsMember({"nccl", "ipc", "none"}))
+      ->check(CLI::IsMember({"nccl", "ipc", "tcp", "none"}))
       ->capture_default_str();
   app.add_flag("!--no-insecure-serialization", options.insecure_serialization,
                "Refuse pickled IPC handles, as vLLM does without "
                "VLLM_ALLOW_INSECURE_SERIALIZATION=1");
+  app.add_option("--running-requests", options.running_requests,
+                 "Requests holding KV blocks until a pause (abort or wait) or a sleep ends them: "
+                 "reset_prefix_cache then declines unless reset_running_requests")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   app.add_option("--vllm-version", options.vllm_version, "vllm_version in the registration")
       ->type_name("STR")
       ->capture_default_str();

@@ -32,7 +32,8 @@ std::string exit_code_help() {
        << "  " << exit_code::kOk << "   success\n"
        << "  " << exit_code::kUsage << "  usage error (unknown flag, missing argument)\n"
        << "  " << exit_code::kRejected
-       << "  payload rejected: invalid JSON input, HTTP 400 or 413\n"
+       << "  payload rejected: invalid JSON input, HTTP 400 or 413; weight checksums that\n"
+       << "      differ from the baseline (weights check --baseline, weights sync --verify)\n"
        << "  " << exit_code::kNoInput << "  input file missing or unreadable\n"
        << "  " << exit_code::kUnavailable
        << "  daemon or engine unavailable: connect failure, HTTP 503 (or 404)\n"
@@ -63,6 +64,11 @@ struct Args {
   CLI::Option* sync_init_option = nullptr;
   int sync_sleep = 1;
   CLI::Option* sync_sleep_option = nullptr;
+  std::string sync_verify;
+  CLI::Option* sync_verify_option = nullptr;
+  std::string check_baseline;
+  CLI::Option* check_baseline_option = nullptr;
+  CheckArgs check;
   std::string shell;
 };
 
@@ -126,7 +132,13 @@ void define_sync(CLI::App& weights, Args& args, Commands& commands) {
           ->type_name("LEVEL")
           ->check(CLI::IsMember({1, 2}))
           ->excludes(no_pause);
+  args.sync_verify_option =
+      sync->add_option("--verify", args.sync_verify,
+                       "JSON file of checksums the trainer computed (key: sha256 hex): finish "
+                       "without a version, compare, and set the version only if all match")
+          ->type_name("FILE");
   commands.server.emplace_back(sync, [&args](const Context& c) {
+    if (args.sync_verify_option->count() > 0) args.sync.verify = args.sync_verify;
     if (args.sync_version_option->count() > 0) args.sync.version = args.sync_version;
     if (args.sync_init_option->count() > 0) args.sync.init = args.sync_init;
     if (args.sync_sleep_option->count() > 0) args.sync.sleep_level = args.sync_sleep;
@@ -134,9 +146,29 @@ void define_sync(CLI::App& weights, Args& args, Commands& commands) {
   });
 }
 
+void define_check(CLI::App& weights, Args& args, Commands& commands) {
+  CLI::App* check = weights.add_subcommand(
+      "check",
+      "the workers' weight checksums; with --baseline FILE whether they match it (exit 65 "
+      "naming the keys that differ); with --reset the weights overwritten [" +
+          route_text(api::route_for(api::Operation::kWeightChecker)) + "]");
+  args.check_baseline_option =
+      check
+          ->add_option("--baseline", args.check_baseline,
+                       "JSON file of checksums to compare with (key: sha256 hex)")
+          ->type_name("FILE");
+  check->add_flag("--reset", args.check.reset, "overwrite the weights (vLLM's reset_weights)")
+      ->excludes(args.check_baseline_option);
+  commands.server.emplace_back(check, [&args](const Context& c) {
+    if (args.check_baseline_option->count() > 0) args.check.baseline = args.check_baseline;
+    return weights_check(c, args.check);
+  });
+}
+
 void define_commands(CLI::App& app, Args& args, Commands& commands) {
   commands.server = add_route_commands(app);
   define_sync(*app.get_subcommand("weights"), args, commands);
+  define_check(*app.get_subcommand("weights"), args, commands);
   std::string status_routes;
   for (const Operation operation : {Operation::kHealth, Operation::kWorldSize, Operation::kIsPaused,
                                     Operation::kWeightInfo, Operation::kSessionStatus}) {

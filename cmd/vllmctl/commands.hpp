@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tl/expected.hpp>
 #include <vector>
 
 #include "cmd/vllmctl/context.hpp"
@@ -18,9 +19,27 @@ struct SyncArgs {
   std::vector<std::string> updates;
   std::optional<std::string> version;
   bool no_pause = false;
-  std::optional<int> sleep_level;  // --sleep: the colocated order
+  std::optional<int> sleep_level;     // --sleep: the colocated order
+  std::optional<std::string> verify;  // --verify FILE: commit only if the checksums match
 };
 int weights_sync(const Context& context, const SyncArgs& args);
+
+// weights check: checksums, compare with --baseline FILE, or --reset (check.cpp).
+struct CheckArgs {
+  std::optional<std::string> baseline;
+  bool reset = false;
+};
+int weights_check(const Context& context, const CheckArgs& args);
+// A baseline file (a JSON object of checksum key: sha256 hex, or `weights check -o json`'s
+// document) as the JSON object to compare with; the exit code and message when unusable.
+struct CheckFailure {
+  int exit_code = 0;
+  std::string message;
+};
+tl::expected<std::string, CheckFailure> read_baseline(const std::string& path);
+// POST /weight_checker compare: 0 when every checksum matches, 65 naming the keys that do not.
+int compare_with_baseline(const Context& context, const std::string& step,
+                          const std::string& baseline);
 
 int status(const Context& context);
 int version(const Context& context);  // vllmctl's and the server's

@@ -5,6 +5,7 @@
 // by a failure is closed so that a retry can start, and the version is only ever committed by
 // a finish that follows successful updates (the daemon commits it after the engines' finish).
 
+#include <functional>
 #include <random>
 
 #include "cmd/vllmctl/commands.hpp"
@@ -44,6 +45,13 @@ class SyncSteps {
     if (!ok()) return;
     code_ = run_step(context_, step_name(name, detail), call, detail);
     if (!ok()) failed_ = name + (detail.empty() ? "" : " (" + detail + ")");
+  }
+
+  // A step that is not one route call: `body` runs it and gives its exit code.
+  void run(const std::string& name, const std::function<int()>& body) {
+    if (!ok()) return;
+    code_ = body();
+    if (!ok()) failed_ = name;
   }
 
   // Sends one input file; a file that vanished since the check fails its step with 66.
@@ -151,6 +159,15 @@ int weights_sync(const Context& given, const SyncArgs& args) {
     return checked.error().exit_code;
   }
   const SyncPlan plan{.pauses = !args.no_pause, .sleeps = args.sleep_level.has_value()};
+  std::string baseline;
+  if (args.verify) {
+    auto read = read_baseline(*args.verify);
+    if (!read) {
+      context.out().error(kCommand, read.error().message);
+      return read.error().exit_code;
+    }
+    baseline = std::move(*read);
+  }
 
   SyncSteps steps(context);
   // init first (once per job; --init is for a sync that also sets the transfer up): it does
@@ -172,7 +189,19 @@ int weights_sync(const Context& given, const SyncArgs& args) {
   steps.step("start", Call{Operation::kStartWeightUpdate});
   const bool started = steps.ok();
   send_updates(steps, inputs, args.init ? 1 : 0);
-  finish(steps, args.version);
+  if (args.verify) {
+    // Finish without a version, check what every worker holds, and only then label it.
+    finish(steps, std::nullopt);
+    steps.run("verify",
+              [&] { return compare_with_baseline(context, step_name("verify"), baseline); });
+    if (args.version) {
+      const std::string body = string_body("new_version", *args.version);
+      steps.step("set version", Call{Operation::kUpdateWeightVersion, {}, body},
+                 "version " + *args.version);
+    }
+  } else {
+    finish(steps, args.version);
+  }
   if (!steps.ok()) return recover_and_report(context, steps, plan, started);
   if (plan.sleeps) {
     steps.step("wake up", Call{Operation::kWakeUp, {{"tags", "kv_cache"}}}, "kv_cache");

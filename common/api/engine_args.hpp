@@ -29,6 +29,11 @@ tl::expected<std::string, ApiError> wake_up_args(const Call& call);
 // number (sent as a float64) or null, `args` a list ([]), `kwargs` an object ({}). rpc.cpp.
 tl::expected<std::string, ApiError> rpc_args(const Call& call);
 
+// collective_rpc of compute_weight_checksums or reset_weights from the weight checker's body:
+// `action` checksum|reset|compare, `baseline` an object of strings for compare.
+// weight_checker.cpp.
+tl::expected<std::string, ApiError> weight_checker_args(const Call& call);
+
 tl::expected<int, ApiError> sleep_level(const Query& query);
 // The tags a wake names: weights, kv_cache or scheduling; nullopt: none named (all).
 tl::expected<std::optional<std::vector<std::string>>, ApiError> wake_tags(const Query& query);

@@ -99,6 +99,7 @@ class WeightSyncService {
   void wake_up(const CallPtr& call, const Done& done);
   void release_kv_cache_memory(const CallPtr& call, const Done& done);
   void collective_rpc(const CallPtr& call, const Done& done);  // lifecycle (rpc.cpp)
+  void weight_checker(const CallPtr& call, const Done& done);  // lifecycle
   void world_size(const CallPtr& call, const Done& done);
   void health(const CallPtr& call, const Done& done);
   void version(const CallPtr& call, const Done& done);

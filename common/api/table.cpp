@@ -388,6 +388,17 @@ constexpr std::array kRoutes{
               "run a worker method on every worker (body: {\"method\": ..., \"args\": [...], "
               "\"kwargs\": {...}, \"timeout\": S})",
           .cli = {.command = "rpc", .success = "{results}", .args = kRpcArgs}},
+    Route{.operation = Operation::kWeightChecker,
+          .method = "POST",
+          .path = "/weight_checker",
+          .handling = Handling::kLifecycle,
+          .handler = &S::weight_checker,
+          .body = Body::kRequired,
+          .engine_method = "collective_rpc",
+          .engine_args = weight_checker_args,
+          .summary =
+              "the workers' weight checksums, a reset of the weights, or a comparison "
+              "(body: {\"action\": \"checksum\"|\"reset\"|\"compare\", \"baseline\": {...}})"},
 };
 
 }  // namespace

@@ -39,6 +39,7 @@ enum class Operation {
   kModels,
   kServerInfo,
   kCollectiveRpc,
+  kWeightChecker,
 };
 
 // How a route is served. Every switch over it names every kind: a new one does not compile

@@ -71,13 +71,14 @@ std::string_view backend_name(Backend backend) {
   switch (backend) {
     case Backend::kNccl: return "nccl";
     case Backend::kIpc: return "ipc";
+    case Backend::kTcp: return "tcp";
     case Backend::kNone: return "none";
   }
   return "none";
 }
 
 bool parse_backend(std::string_view text, Backend& backend) {
-  for (Backend candidate : {Backend::kNccl, Backend::kIpc, Backend::kNone}) {
+  for (Backend candidate : {Backend::kNccl, Backend::kIpc, Backend::kTcp, Backend::kNone}) {
     if (text == backend_name(candidate)) {
       backend = candidate;
       return true;
@@ -99,6 +100,20 @@ ReferenceCore::ReferenceCore(const ParallelSizes& sizes, Backend backend,
                              bool insecure_serialization)
     : sizes_(sizes), backend_(backend), insecure_serialization_(insecure_serialization),
       workers_(static_cast<std::size_t>(sizes.world_size())) {}
+
+WorkerContext ReferenceCore::worker_context(int rank) const {
+  const int world_size = static_cast<int>(workers_.size());
+  const int tp = std::max(1, sizes_.tensor_parallel_size);
+  const int pcp = std::max(1, sizes_.prefill_context_parallel_size);
+  WorkerContext context{sizes_.data_parallel_rank * world_size + rank, backend_,
+                        insecure_serialization_};
+  // vLLM's rank layout within an engine: TP fastest, then PCP, then PP.
+  context.dp_index = sizes_.data_parallel_rank;
+  context.tp_rank = rank % tp;
+  context.pcp_rank = (rank / tp) % pcp;
+  context.pp_rank = rank / (tp * pcp);
+  return context;
+}
 
 std::string ReferenceCore::worker_error(std::string_view error) const {
   // vllm/v1/executor/multiproc_executor.py: the worker sends str(e), the executor raises this.
@@ -178,8 +193,7 @@ ReferenceCore::Result ReferenceCore::collective_rpc(const std::string& qualname,
   std::vector<std::string> returned;
   returned.reserve(workers_.size());
   for (int rank = 0; rank < world_size; ++rank) {
-    const WorkerContext context{sizes_.data_parallel_rank * world_size + rank, backend_,
-                                insecure_serialization_};
+    const WorkerContext context = worker_context(rank);
     auto value = run_worker_method(workers_[static_cast<std::size_t>(rank)], context, worker_method,
                                    passed, kwargs);
     if (!value && !first_error) first_error = value.error();
@@ -217,6 +231,7 @@ ReferenceCore::Result ReferenceCore::pause_scheduler(const std::string& qualname
   if (clear_cache != nullptr && clear_cache->type != msgpack::type::BOOLEAN) {
     return fail(type_error("clear_cache", "a bool", *clear_cache));
   }
+  end_requests(mode);
   paused_ = true;
   return none_value();
 }
@@ -239,8 +254,8 @@ ReferenceCore::Result ReferenceCore::reference_state(const std::string& qualname
   return encode_state(*this);
 }
 
-// EngineCore.reset_prefix_cache(reset_running_requests=False, reset_connector=False): True,
-// since no request of the reference engine holds blocks.
+// EngineCore.reset_prefix_cache(reset_running_requests=False, reset_connector=False): False
+// while running requests hold blocks, unless they are preempted (reset_running_requests).
 ReferenceCore::Result ReferenceCore::reset_prefix_cache(const std::string& qualname,
                                                         Positional args) {
   auto bound = bind_call(qualname, {{"reset_running_requests", false}, {"reset_connector", false}},
@@ -251,17 +266,33 @@ ReferenceCore::Result ReferenceCore::reset_prefix_cache(const std::string& qualn
       return fail(type_error("reset_prefix_cache() argument", "a bool", *flag));
     }
   }
+  const bool preempt = (*bound)[0] != nullptr && (*bound)[0]->via.boolean;
+  if (running_requests_ > 0 && !preempt) {
+    warn("Failed to reset prefix cache because some blocks (" + std::to_string(running_requests_) +
+         ") are not freed yet");
+    return bool_value(false);
+  }
   return bool_value(true);
 }
 
 ReferenceCore::Result ReferenceCore::reset_mm_cache(const std::string& qualname, Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
+  if (running_requests_ > 0) {
+    warn(
+        "Resetting the multi-modal cache when requests are in progress may lead to desynced "
+        "internal caches.");
+  }
   return none_value();
 }
 
 ReferenceCore::Result ReferenceCore::reset_encoder_cache(const std::string& qualname,
                                                          Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
+  if (running_requests_ > 0) {
+    warn(
+        "Resetting the encoder cache when requests are in progress may lead to desynced "
+        "internal caches.");
+  }
   return none_value();
 }
 

@@ -5,6 +5,8 @@
 // behind the wire protocol; unit tests drive it directly.
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,8 +17,9 @@
 
 namespace vllmd::reference {
 
-enum class Backend { kNccl, kIpc, kNone };
-std::string_view backend_name(Backend backend);  // "nccl", "ipc", "none"
+// kTcp: NCCL-shaped, the bytes over TCP (tcp_transfer.hpp).
+enum class Backend { kNccl, kIpc, kTcp, kNone };
+std::string_view backend_name(Backend backend);  // "nccl", "ipc", "tcp", "none"
 bool parse_backend(std::string_view text, Backend& backend);
 
 // The sizes of vLLM's ParallelConfig that shape one engine (vllm/config/parallel.py).
@@ -35,6 +38,9 @@ struct ParallelSizes {
   bool multiproc_executor() const;
 };
 
+class TcpReceiver;
+struct WorkerContext;  // worker.hpp
+
 // One worker's weight-transfer state.
 struct WorkerState {
   bool initialized = false;    // init_weight_transfer_engine succeeded
@@ -43,6 +49,9 @@ struct WorkerState {
   std::uint64_t updates_in_session = 0;
   std::uint64_t sessions_finished = 0;
   std::uint64_t tensors_received = 0;  // names seen by update_weights, over all sessions
+  // The tcp backend: the connection to the trainer, and the tensors received, by name.
+  std::shared_ptr<TcpReceiver> receiver;
+  std::map<std::string, std::string> weights;
 };
 
 class ReferenceCore {
@@ -66,6 +75,10 @@ class ReferenceCore {
   const std::vector<WorkerState>& workers() const { return workers_; }
   const std::string& weight_version() const { return weight_version_; }
   bool paused() const { return paused_; }
+  // Requests holding KV blocks (the reference engine generates nothing, so a test says how
+  // many): a pause that aborts or drains, or a sleep, ends them.
+  void set_running_requests(int count) { running_requests_ = count; }
+  int running_requests() const { return running_requests_; }
   // The executor's sleeping tags (vLLM's CuMem tags "weights" and "kv_cache").
   bool weights_asleep() const { return weights_asleep_; }
   bool kv_cache_asleep() const { return kv_cache_asleep_; }
@@ -75,6 +88,7 @@ class ReferenceCore {
   // One engine-core method: its qualified name (for CPython's TypeError texts) and arguments.
   using Method = Result (ReferenceCore::*)(const std::string& qualname, Positional args);
   static Method find_method(std::string_view name);
+  WorkerContext worker_context(int rank) const;
 
   Result collective_rpc(const std::string& qualname, Positional args);
   Result set_weight_version(const std::string& qualname, Positional args);
@@ -93,6 +107,7 @@ class ReferenceCore {
   Result release_kv_cache_memory(const std::string& qualname, Positional args);
   std::optional<std::string> asleep_refusal(std::string_view worker_method) const;
   void warn(std::string_view text) const;
+  void end_requests(const msgpack::object* mode);  // as a pause in `mode` ends them
 
   ParallelSizes sizes_;
   Backend backend_;
@@ -100,6 +115,7 @@ class ReferenceCore {
   std::vector<WorkerState> workers_;
   std::string weight_version_ = "default";
   bool paused_ = false;
+  int running_requests_ = 0;
   bool weights_asleep_ = false;
   bool kv_cache_asleep_ = false;
   int sleep_level_ = 0;  // of the last sleep that put the executor to sleep

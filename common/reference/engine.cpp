@@ -99,7 +99,9 @@ class FrontendConnection {
         sleep_(std::move(sleep)),
         core_(parallel_sizes(options), options.backend, options.insecure_serialization),
         data_parallel_size_(options.data_parallel_size),
-        prefix_("reference engine " + std::to_string(options.rank) + ": ") {}
+        prefix_("reference engine " + std::to_string(options.rank) + ": ") {
+    core_.set_running_requests(options.running_requests);
+  }
 
   Outcome run() {
     // ParallelConfig's own validation (vllm/config/parallel.py): such an engine never starts.

@@ -60,6 +60,7 @@ struct ReferenceEngineOptions {
   std::chrono::milliseconds dp_group_timeout{std::chrono::seconds(30)};
   Backend backend = Backend::kNccl;
   bool insecure_serialization = true;  // as with VLLM_ALLOW_INSECURE_SERIALIZATION=1
+  int running_requests = 0;            // requests holding KV blocks from the start (ReferenceCore)
   std::string vllm_version = "0.0.0+reference";
   Faults faults;
   std::function<void(const ReceivedCall&)> on_call;  // called before the call is handled

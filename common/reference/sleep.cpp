@@ -28,6 +28,12 @@ constexpr std::array<std::string_view, 5> kWeightTransferMethods = {
 
 }  // namespace
 
+// abort (the default) aborts the running requests, wait drains them; keep keeps them.
+void ReferenceCore::end_requests(const msgpack::object* mode) {
+  const auto text = mode != nullptr ? wire::as_str(*mode) : std::nullopt;
+  if (!text || *text != "keep") running_requests_ = 0;
+}
+
 void ReferenceCore::warn(std::string_view text) const {
   util::log::warning("reference engine dp", sizes_.data_parallel_rank, ": ", text);
 }
@@ -61,6 +67,7 @@ ReferenceCore::Result ReferenceCore::sleep(const std::string& qualname, Position
     }
   }
   if (auto error = pause_mode_error((*bound)[1])) return fail(*error);
+  end_requests((*bound)[1]);
   paused_ = true;
   if (level < 1) return none_value();
   if (weights_asleep_ || kv_cache_asleep_) {
@@ -70,6 +77,13 @@ ReferenceCore::Result ReferenceCore::sleep(const std::string& qualname, Position
   weights_asleep_ = true;
   kv_cache_asleep_ = true;
   sleep_level_ = static_cast<int>(level);
+  // Level 2 discards the weights: what the workers hold after waking is garbage until the
+  // weights are sent again (vllm#29341), and their checksums say so.
+  if (level >= 2) {
+    for (WorkerState& worker : workers_) {
+      for (auto& entry : worker.weights) entry.second.assign(entry.second.size(), '\0');
+    }
+  }
   return none_value();
 }
 
@@ -132,7 +146,9 @@ ReferenceCore::Result ReferenceCore::is_sleeping(const std::string& qualname, Po
 ReferenceCore::Result ReferenceCore::release_kv_cache_memory(const std::string& qualname,
                                                              Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
-  if (!paused_) return fail("release_kv_cache_memory() requires a completed pause first");
+  if (!paused_ || running_requests_ > 0) {
+    return fail("release_kv_cache_memory() requires a completed pause first");
+  }
   if (weights_asleep_ || kv_cache_asleep_) {
     return fail("release_kv_cache_memory() requires all executor memory to be resident");
   }

@@ -1,7 +1,9 @@
 #include "common/reference/worker.hpp"
 
+#include <random>
 #include <vector>
 
+#include "common/reference/tcp_transfer.hpp"
 #include "common/reference/update_info.hpp"
 #include "common/util/fail.hpp"
 #include "common/wire/msgpack_codec.hpp"
@@ -23,30 +25,92 @@ constexpr std::string_view kFinishWithoutStart =
 constexpr std::string_view kNotInitialized =
     "Weight transfer engine not initialized. Call init_weight_transfer_engine first.";
 
-Status init_transfer_engine(WorkerState& worker, Backend backend, const msgpack::object& info) {
+// How long the tcp backend waits for the trainer: to accept at init, for each read at update
+// (NCCL's own default timeout is 10 minutes).
+constexpr std::chrono::minutes kTrainerWait(10);
+
+// The tcp backend's init: NCCL's fields, then the connection to the trainer.
+Status connect_to_trainer(WorkerState& worker, const WorkerContext& context,
+                          const std::vector<const msgpack::object*>& fields) {
+  const auto address = wire::as_str(*fields[0]);
+  if (!address) return fail(type_error("master_address", "a str", *fields[0]));
+  for (std::size_t i = 1; i <= 3; ++i) {
+    if (fields[i]->type != msgpack::type::POSITIVE_INTEGER) {
+      static constexpr std::string_view kNames[] = {"", "master_port", "rank_offset", "world_size"};
+      return fail(type_error(kNames[i], "an int", *fields[i]));
+    }
+  }
+  const auto port = static_cast<int>(fields[1]->via.u64);
+  const auto rank = static_cast<int>(fields[2]->via.u64) + context.global_index;
+  const auto world_size = static_cast<int>(fields[3]->via.u64);
+  if (rank >= world_size) {
+    return fail("worker rank " + std::to_string(rank) +
+                " (rank_offset + worker index) is outside "
+                "world_size " +
+                std::to_string(world_size));
+  }
+  auto receiver = TcpReceiver::connect(std::string(*address), port, rank, world_size, kTrainerWait);
+  if (!receiver) return fail(receiver.error());
+  worker.receiver = std::move(*receiver);
+  return {};
+}
+
+// The tcp backend's update: each tensor's bytes from the trainer, kept by name.
+Status receive_tensors(WorkerState& worker, const msgpack::object& info) {
+  if (!worker.receiver) return fail(kNotInitialized);
+  const msgpack::object& names = *wire::find_key(info, "names");
+  const msgpack::object& dtypes = *wire::find_key(info, "dtype_names");
+  const msgpack::object& shapes = *wire::find_key(info, "shapes");
+  for (std::uint32_t i = 0; i < names.via.array.size; ++i) {
+    const std::string name(*wire::as_str(names.via.array.ptr[i]));
+    const std::string_view dtype = *wire::as_str(dtypes.via.array.ptr[i]);
+    std::size_t size = dtype_size(dtype);
+    if (size == 0)
+      return fail("tensor " + name + ": unsupported dtype '" + std::string(dtype) + "'");
+    const msgpack::object& shape = shapes.via.array.ptr[i];
+    for (std::uint32_t d = 0; d < shape.via.array.size; ++d) {
+      if (shape.via.array.ptr[d].type != msgpack::type::POSITIVE_INTEGER) {
+        return fail(type_error("shapes[" + std::to_string(i) + "][" + std::to_string(d) + "]",
+                               "a non-negative int", shape.via.array.ptr[d]));
+      }
+      size *= static_cast<std::size_t>(shape.via.array.ptr[d].via.u64);
+    }
+    auto bytes = worker.receiver->receive(size, kTrainerWait);
+    if (!bytes) return fail("tensor " + name + ": " + bytes.error());
+    worker.weights[name] = std::move(*bytes);
+  }
+  return {};
+}
+
+Status init_transfer_engine(WorkerState& worker, const WorkerContext& context,
+                            const msgpack::object& info) {
+  const Backend backend = context.backend;
   if (info.type != msgpack::type::MAP) return fail(type_error("init_info", "a dict", info));
   // The worker builds the backend's init-info dataclass from the dict: same TypeErrors.
-  auto bound = backend == Backend::kNccl ? bind_call("NCCLWeightTransferInitInfo.__init__",
-                                                     {{"master_address"},
-                                                      {"master_port"},
-                                                      {"rank_offset"},
-                                                      {"world_size"},
-                                                      {"packed", false},
-                                                      {"packed_buffer_size_bytes", false},
-                                                      {"packed_num_buffers", false},
-                                                      {"nccl_unique_id_b64", false}},
-                                                     {}, &info)
-                                         : bind_call("IPCWeightTransferInitInfo.__init__",
-                                                     {{"packed", false},
-                                                      {"packed_buffer_size_bytes", false},
-                                                      {"packed_num_buffers", false}},
-                                                     {}, &info);
+  auto bound = backend != Backend::kIpc ? bind_call("NCCLWeightTransferInitInfo.__init__",
+                                                    {{"master_address"},
+                                                     {"master_port"},
+                                                     {"rank_offset"},
+                                                     {"world_size"},
+                                                     {"packed", false},
+                                                     {"packed_buffer_size_bytes", false},
+                                                     {"packed_num_buffers", false},
+                                                     {"nccl_unique_id_b64", false}},
+                                                    {}, &info)
+                                        : bind_call("IPCWeightTransferInitInfo.__init__",
+                                                    {{"packed", false},
+                                                     {"packed_buffer_size_bytes", false},
+                                                     {"packed_num_buffers", false}},
+                                                    {}, &info);
   if (!bound) return fail(bound.error());
+  if (backend == Backend::kTcp) {
+    if (auto connected = connect_to_trainer(worker, context, *bound); !connected) return connected;
+  }
   worker.initialized = true;
   return {};
 }
 
-tl::expected<std::uint32_t, std::string> receive_weights(const WorkerState& worker,
+tl::expected<std::uint32_t, std::string> receive_weights(WorkerState& worker,
                                                          const WorkerContext& context,
                                                          const msgpack::object& update_info) {
   const int global_index = context.global_index;
@@ -62,7 +126,11 @@ tl::expected<std::uint32_t, std::string> receive_weights(const WorkerState& work
   }
   auto count = read_update_info(context, *info);
   if (!count) return count;
-  if (context.backend == Backend::kNccl && !worker.initialized) return fail(kNotInitialized);
+  const bool nccl_shaped = context.backend == Backend::kNccl || context.backend == Backend::kTcp;
+  if (nccl_shaped && !worker.initialized) return fail(kNotInitialized);
+  if (context.backend == Backend::kTcp) {
+    if (auto received = receive_tensors(worker, *info); !received) return fail(received.error());
+  }
   return count;
 }
 
@@ -114,6 +182,32 @@ tl::expected<void, std::string> run_transfer_method(WorkerState& worker,
                                                     std::string_view method, Positional args,
                                                     const msgpack::object* kwargs);
 
+// vLLM's weight checker: {"dp{}:pp{}:pcp{}:tp{}:ep{}:<name>": sha256 hex} over the tensors
+// the worker holds (ep is 0: the reference engine serves a dense model).
+std::string weight_checksums(const WorkerState& worker, const WorkerContext& context) {
+  const std::string prefix =
+      "dp" + std::to_string(context.dp_index) + ":pp" + std::to_string(context.pp_rank) + ":pcp" +
+      std::to_string(context.pcp_rank) + ":tp" + std::to_string(context.tp_rank) + ":ep0:";
+  wire::StringBuffer buffer;
+  wire::Packer packer(buffer);
+  packer.pack_map(static_cast<std::uint32_t>(worker.weights.size()));
+  for (const auto& [name, bytes] : worker.weights) {
+    wire::pack_str(packer, prefix + name);
+    wire::pack_str(packer, sha256_hex(bytes));
+  }
+  return buffer.take();
+}
+
+// vLLM's reset_weights: every tensor overwritten (random values), so a checksum taken before
+// no longer matches until the weights are sent or loaded again.
+void reset_weights(WorkerState& worker) {
+  std::random_device seed;
+  std::mt19937_64 random(seed());
+  for (auto& entry : worker.weights) {
+    for (char& byte : entry.second) byte = static_cast<char>(random() & 0xff);
+  }
+}
+
 }  // namespace
 
 tl::expected<std::string, std::string> run_worker_method(WorkerState& worker,
@@ -121,6 +215,15 @@ tl::expected<std::string, std::string> run_worker_method(WorkerState& worker,
                                                          std::string_view method, Positional args,
                                                          const msgpack::object* kwargs) {
   if (method == "echo_args_kwargs") return echo_args_kwargs(args, kwargs);
+  if (method == "compute_weight_checksums" || method == "reset_weights") {
+    auto bound = bind_call("Worker." + std::string(method), {}, args, kwargs);
+    if (!bound) return tl::unexpected(bound.error());
+    if (method == "reset_weights") {
+      reset_weights(worker);
+      return none_value();
+    }
+    return weight_checksums(worker, context);
+  }
   auto done = run_transfer_method(worker, context, method, args, kwargs);
   if (!done) return tl::unexpected(done.error());
   return none_value();
@@ -149,7 +252,7 @@ tl::expected<void, std::string> run_transfer_method(WorkerState& worker,
   if (backend == Backend::kNone) return fail(kNotConfigured);
 
   if (method == "init_weight_transfer_engine") {
-    return init_transfer_engine(worker, backend, *bound->front());
+    return init_transfer_engine(worker, context, *bound->front());
   }
   if (method == "update_weights") {
     return update_weights(worker, context, *bound->front());

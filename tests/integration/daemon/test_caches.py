@@ -42,6 +42,18 @@ class CacheResetTest(harness.DaemonTestCase):
         for engine in engines:
             self.assertEqual(engine.calls(), [])
 
+    def test_running_requests_make_the_reset_decline_on_their_engine_only(self):
+        # Rank 1 has requests holding blocks: the AND over engines is false, still a 200.
+        daemon, _, _ = self.start_external(dp=2, engine_extra={1: ["--running-requests", "4"]})
+        self.assert_json(daemon.post("/reset_prefix_cache"), 200, {"success": False})
+        self.assert_json(daemon.post("/reset_prefix_cache?reset_running_requests=true"), 200,
+                         {"success": True})
+        # A pause that keeps them changes nothing; one that aborts them frees the blocks.
+        self.assertEqual(daemon.post("/pause?mode=keep").status_code, 200)
+        self.assert_json(daemon.post("/reset_prefix_cache"), 200, {"success": False})
+        self.assertEqual(daemon.post("/pause?mode=abort").status_code, 200)
+        self.assert_json(daemon.post("/reset_prefix_cache"), 200, {"success": True})
+
     def test_an_engine_that_fails_the_reset_is_a_500_naming_its_rank(self):
         daemon, _, _ = self.start_external(
             dp=2, engine_extra={1: ["--inject-fail", "reset_mm_cache"]})

@@ -29,6 +29,7 @@ DEV_ROUTES = [
     ("POST", "/release_kv_cache_memory", None),
     ("GET", "/server_info", None),
     ("POST", "/collective_rpc", {"method": "echo_args_kwargs"}),
+    ("POST", "/weight_checker", {"action": "checksum"}),
 ]
 
 

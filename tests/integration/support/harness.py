@@ -352,7 +352,7 @@ class DaemonTestCase(unittest.TestCase):
         return self._track(Engine(self.workdir, handshake, **kwargs))
 
     def start_external(self, dp=1, engine_extra=None, daemon_args=(), record=True,
-                       backend="nccl"):
+                       backend="nccl", tp=1):
         """vllmd in external mode with `dp` reference engines attached and healthy.
 
         engine_extra maps a rank to extra engine flags."""
@@ -361,7 +361,7 @@ class DaemonTestCase(unittest.TestCase):
             ["--dev-mode", "--engine", "external", "--handshake-address", handshake,
              "--data-parallel-size", str(dp), *daemon_args])
         engines = [
-            self.start_engine(handshake, rank=rank, dp=dp, backend=backend,
+            self.start_engine(handshake, rank=rank, dp=dp, tp=tp, backend=backend,
                               extra=(engine_extra or {}).get(rank, ()), record=record)
             for rank in range(dp)
         ]

@@ -109,3 +109,29 @@ TEST_SUITE("reference_sleep") {
     CHECK_FALSE(core.paused());
   }
 }
+
+TEST_SUITE("reference_running_requests") {
+  TEST_CASE("reset_prefix_cache declines while requests hold blocks, unless they are preempted") {
+    ReferenceCore core(0, 1, Backend::kNccl);
+    core.set_running_requests(3);
+    CHECK(call(core, "reset_prefix_cache", "[false,false]") == "false");
+    CHECK(call(core, "reset_prefix_cache", "[true,false]") == "true");
+    CHECK(call(core, "release_kv_cache_memory", "[]") ==
+          error("release_kv_cache_memory() requires a completed pause first"));
+    // keep keeps them; abort (the default) ends them.
+    CHECK(call(core, "pause_scheduler", R"(["keep",false])") == "null");
+    CHECK(call(core, "reset_prefix_cache", "[]") == "false");
+    CHECK(call(core, "pause_scheduler", "[]") == "null");
+    CHECK(core.running_requests() == 0);
+    CHECK(call(core, "reset_prefix_cache", "[]") == "true");
+  }
+
+  TEST_CASE("a sleep ends them as its mode says") {
+    ReferenceCore core(0, 1, Backend::kNccl);
+    core.set_running_requests(2);
+    CHECK(call(core, "sleep", R"([0,"keep"])") == "null");
+    CHECK(core.running_requests() == 2);
+    CHECK(call(core, "sleep", R"([1,"wait"])") == "null");
+    CHECK(core.running_requests() == 0);
+  }
+}
