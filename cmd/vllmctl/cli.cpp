@@ -30,7 +30,9 @@ std::string exit_code_help() {
   std::ostringstream text;
   text << "Exit codes:\n"
        << "  " << exit_code::kOk << "   success\n"
-       << "  " << exit_code::kUsage << "  usage error (unknown flag, missing argument)\n"
+       << "  " << exit_code::kUsage
+       << "  usage error (unknown flag, missing argument; several --server\n"
+       << "      for a command other than weights sync)\n"
        << "  " << exit_code::kRejected
        << "  payload rejected: invalid JSON input, HTTP 400 or 413; weight checksums that\n"
        << "      differ from the baseline (weights check --baseline, weights sync --verify)\n"
@@ -66,6 +68,8 @@ struct Args {
   CLI::Option* sync_sleep_option = nullptr;
   std::string sync_verify;
   CLI::Option* sync_verify_option = nullptr;
+  std::string sync_servers_file;
+  CLI::Option* sync_servers_file_option = nullptr;
   std::string check_baseline;
   CLI::Option* check_baseline_option = nullptr;
   CheckArgs check;
@@ -74,14 +78,17 @@ struct Args {
 
 struct Commands {
   std::vector<std::pair<CLI::App*, Command>> server;  // those that talk to vllmd
+  CLI::App* fleet = nullptr;  // the one that runs on several servers (weights sync)
   CLI::App* completion = nullptr;
 };
 
 void define_global_flags(CLI::App& app, GlobalFlags& flags) {
-  app.add_option("--server", flags.server, "vllmd URL")
+  app.add_option("--server", flags.servers,
+                 "vllmd URL (repeatable for weights sync: the sync runs on every server)")
       ->envname("VLLMCTL_SERVER")
       ->type_name("URL")
-      ->capture_default_str();
+      ->allow_extra_args(false)
+      ->default_str(std::string(kDefaultServer));
   app.add_option("--token-file", flags.token_file, "file holding the API key")->type_name("FILE");
   app.add_option("--cacert", flags.ca_file,
                  "https: PEM CA file the server's certificate must chain to (default: system CAs)")
@@ -137,12 +144,33 @@ void define_sync(CLI::App& weights, Args& args, Commands& commands) {
                        "JSON file of checksums the trainer computed (key: sha256 hex): finish "
                        "without a version, compare, and set the version only if all match")
           ->type_name("FILE");
+  args.sync_servers_file_option =
+      sync->add_option("--servers-file", args.sync_servers_file,
+                       "file of vllmd URLs, one per line (# comments): the sync runs on each "
+                       "of them and on every --server, and commits only if all finish")
+          ->type_name("FILE");
+  commands.fleet = sync;
   commands.server.emplace_back(sync, [&args](const Context& c) {
     if (args.sync_verify_option->count() > 0) args.sync.verify = args.sync_verify;
     if (args.sync_version_option->count() > 0) args.sync.version = args.sync_version;
     if (args.sync_init_option->count() > 0) args.sync.init = args.sync_init;
     if (args.sync_sleep_option->count() > 0) args.sync.sleep_level = args.sync_sleep;
-    return weights_sync(c, args.sync);
+    if (args.sync_servers_file_option->count() > 0) args.sync.servers_file = args.sync_servers_file;
+    auto servers = server_list(args.flags, args.sync.servers_file);
+    if (!servers) {
+      c.out().error("", servers.error().message);
+      return servers.error().exit_code;
+    }
+    std::vector<Context> contexts;
+    for (const std::string& server : *servers) {
+      auto context = make_context(args.flags, c.out(), server);
+      if (!context) {
+        c.out().error("", context.error());
+        return exit_code::kConfig;
+      }
+      contexts.push_back(std::move(*context));
+    }
+    return weights_sync(contexts, args.sync);
   });
 }
 
@@ -205,6 +233,11 @@ int dispatch(const CLI::App& app, const Args& args, const Commands& commands) {
     script.pop_back();
     output.result(script, script);
     return exit_code::kOk;
+  }
+  if (args.flags.servers.size() > 1 && !commands.fleet->parsed()) {
+    output.error("", "--server: given " + std::to_string(args.flags.servers.size()) +
+                         " times; only weights sync runs on several servers");
+    return exit_code::kUsage;
   }
   auto context = make_context(args.flags, output);
   if (!context) {

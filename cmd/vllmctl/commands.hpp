@@ -19,10 +19,12 @@ struct SyncArgs {
   std::vector<std::string> updates;
   std::optional<std::string> version;
   bool no_pause = false;
-  std::optional<int> sleep_level;     // --sleep: the colocated order
-  std::optional<std::string> verify;  // --verify FILE: commit only if the checksums match
+  std::optional<int> sleep_level;           // --sleep: the colocated order
+  std::optional<std::string> verify;        // --verify FILE: commit only if the checksums match
+  std::optional<std::string> servers_file;  // --servers-file: more servers, one URL per line
 };
-int weights_sync(const Context& context, const SyncArgs& args);
+// On every server in `servers` (one Context each, in order).
+int weights_sync(const std::vector<Context>& servers, const SyncArgs& args);
 
 // weights check: checksums, compare with --baseline FILE, or --reset (check.cpp).
 struct CheckArgs {

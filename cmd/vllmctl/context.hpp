@@ -41,6 +41,11 @@ class Context {
     copy.session_ = std::move(session);
     return copy;
   }
+  Context with_output(Output output) const {
+    Context copy = *this;
+    copy.output_ = std::move(output);
+    return copy;
+  }
 
   // Sends the route's method and path (from api::kRoutes). A 2xx reply is a value; any
   // other status, and any transport error, is a Failure with its exit code (docs/product.md §4.5).

@@ -7,10 +7,13 @@
 namespace vllmd::vllmctl {
 
 namespace {
+// Whole lines, even when several servers' threads print at once.
 void write_line(std::FILE* stream, std::string_view text) {
+  ::flockfile(stream);
   std::fwrite(text.data(), 1, text.size(), stream);
   std::fputc('\n', stream);
   std::fflush(stream);
+  ::funlockfile(stream);
 }
 }  // namespace
 
@@ -18,13 +21,33 @@ Output::Output(Format format, bool quiet, bool verbose)
     : format_(format), quiet_(quiet), verbose_(verbose),
       progress_(!quiet && ::isatty(STDERR_FILENO) == 1) {}
 
+Output Output::labelled(std::string label) const {
+  Output copy = *this;
+  copy.label_ = std::move(label);
+  copy.progress_ = false;  // several servers' uploads at once would share one line
+  return copy;
+}
+
+Output Output::capturing(std::shared_ptr<Captured> into) const {
+  Output copy = *this;
+  copy.captured_ = std::move(into);
+  return copy;
+}
+
 void Output::result(std::string_view text, std::string_view json) const {
+  if (captured_) {
+    captured_->results.emplace_back(json);
+    return;
+  }
   if (quiet_) return;
-  write_line(stdout, format_ == Format::kJson ? json : text);
+  if (format_ == Format::kJson) return write_line(stdout, json);
+  write_line(stdout, label_.empty() ? std::string(text) : label_ + ": " + std::string(text));
 }
 
 void Output::error(std::string_view step, std::string_view message) const {
+  if (captured_) captured_->errors.emplace_back(message);
   std::string line = "vllmctl: ";
+  if (!label_.empty()) line.append(label_).append(": ");
   if (!step.empty()) line.append(step).append(": ");
   line.append(message);
   write_line(stderr, line);
@@ -32,7 +55,7 @@ void Output::error(std::string_view step, std::string_view message) const {
 
 void Output::note(std::string_view message) const {
   if (quiet_) return;
-  write_line(stderr, "vllmctl: " + std::string(message));
+  write_line(stderr, "vllmctl: " + (label_.empty() ? "" : label_ + ": ") + std::string(message));
 }
 
 void Output::trace(std::string_view line) const {

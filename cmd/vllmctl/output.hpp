@@ -1,15 +1,25 @@
 #pragma once
 // What vllmctl prints. stdout carries data only: one line per step in text mode, the server's
 // JSON body per call in json mode (newline-delimited), nothing with -q. Everything else
-// (errors, -v traces, upload progress) goes to stderr.
+// (errors, -v traces, upload progress) goes to stderr. A command that runs on several servers
+// labels each line with its server; one that sums up its calls in one document captures them.
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace vllmd::vllmctl {
 
 enum class Format { kText, kJson };
+
+// What a captured Output was given since the last take: the JSON bodies of results and the
+// error messages, in order. One per thread of work; not shared between threads.
+struct Captured {
+  std::vector<std::string> results;  // json documents
+  std::vector<std::string> errors;
+};
 
 class Output {
  public:
@@ -17,6 +27,12 @@ class Output {
 
   Format format() const { return format_; }
   bool quiet() const { return quiet_; }
+
+  // The same output with every line labelled "<label>: " (a server, for commands on several).
+  Output labelled(std::string label) const;
+  // The same output, but results are kept in `into` instead of printed; errors are printed
+  // and kept.
+  Output capturing(std::shared_ptr<Captured> into) const;
 
   // One step's result: `text` in text mode, `json` in json mode.
   void result(std::string_view text, std::string_view json) const;
@@ -37,6 +53,8 @@ class Output {
   bool quiet_;
   bool verbose_;
   bool progress_;
+  std::string label_;
+  std::shared_ptr<Captured> captured_;
 };
 
 // "88.1 MB"

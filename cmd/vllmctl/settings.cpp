@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
+#include "common/api/errors.hpp"
 #include "common/api/session.hpp"
 #include "common/http/client.hpp"
 #include "common/util/duration.hpp"
@@ -63,7 +65,43 @@ tl::expected<std::string, std::string> resolve_token(const GlobalFlags& flags) {
 }
 
 tl::expected<Context, std::string> make_context(const GlobalFlags& flags, const Output& output) {
-  auto endpoint = http::parse_endpoint(flags.server);
+  return make_context(flags, output,
+                      flags.servers.empty() ? std::string(kDefaultServer) : flags.servers.front());
+}
+
+tl::expected<std::vector<std::string>, ServerListError> server_list(
+    const GlobalFlags& flags, const std::optional<std::string>& file) {
+  std::vector<std::string> servers = flags.servers;
+  if (file) {
+    std::ifstream in(*file);
+    if (!in)
+      return tl::unexpected(ServerListError{api::exit_code::kNoInput, *file + ": cannot read"});
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto first = line.find_first_not_of(" \t\r");
+      if (first == std::string::npos || line[first] == '#') continue;
+      const auto last = line.find_last_not_of(" \t\r");
+      servers.push_back(line.substr(first, last - first + 1));
+    }
+  }
+  if (servers.empty() && file) {
+    return tl::unexpected(ServerListError{api::exit_code::kUsage, *file + ": names no server"});
+  }
+  if (servers.empty()) servers.emplace_back(kDefaultServer);
+  for (std::size_t i = 0; i < servers.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (servers[i] == servers[j]) {
+        return tl::unexpected(
+            ServerListError{api::exit_code::kUsage, "--server: " + servers[i] + " is named twice"});
+      }
+    }
+  }
+  return servers;
+}
+
+tl::expected<Context, std::string> make_context(const GlobalFlags& flags, const Output& output,
+                                                const std::string& server) {
+  auto endpoint = http::parse_endpoint(server);
   if (!endpoint) return tl::unexpected("--server: " + endpoint.error());
   auto token = resolve_token(flags);
   if (!token) return tl::unexpected(token.error());

@@ -352,17 +352,19 @@ class DaemonTestCase(unittest.TestCase):
         return self._track(Engine(self.workdir, handshake, **kwargs))
 
     def start_external(self, dp=1, engine_extra=None, daemon_args=(), record=True,
-                       backend="nccl", tp=1):
+                       backend="nccl", tp=1, name=None):
         """vllmd in external mode with `dp` reference engines attached and healthy.
 
-        engine_extra maps a rank to extra engine flags."""
+        engine_extra maps a rank to extra engine flags; `name` tells several daemons' files
+        (and their engines') apart."""
         handshake = f"tcp://{HOST}:{free_port()}"
         daemon = self.launch_daemon(
             ["--dev-mode", "--engine", "external", "--handshake-address", handshake,
-             "--data-parallel-size", str(dp), *daemon_args])
+             "--data-parallel-size", str(dp), *daemon_args], name=name or "vllmd")
         engines = [
             self.start_engine(handshake, rank=rank, dp=dp, tp=tp, backend=backend,
-                              extra=(engine_extra or {}).get(rank, ()), record=record)
+                              extra=(engine_extra or {}).get(rank, ()), record=record,
+                              name=f"{name}-engine{rank}" if name else None)
             for rank in range(dp)
         ]
 

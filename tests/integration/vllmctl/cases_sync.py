@@ -2,6 +2,7 @@
 generation is resumed, the version is not committed, the failed step is named, and the exit
 code is that step's."""
 
+import json
 import os
 import pty
 import subprocess
@@ -46,14 +47,26 @@ class SyncTest(CtlTestCase):
             "resume_scheduler"])
         self.assert_resumed_and_unversioned(daemon, "step-7")
 
-    def test_sync_json_prints_one_document_per_step(self):
+    def test_sync_json_prints_one_document_for_the_sync(self):
         daemon = self.start_daemon()
         result = self.assert_ok(self.ctl("-o", "json", "weights", "sync", "--init", "init.json",
                                          "--update", "a.json", "--version", "v1"))
-        self.assertEqual(self.json_lines(result), [
-            {"message": "Weight transfer initialized"}, {"status": "paused"},
-            {"message": "Weight update started"}, {"message": "Weights updated"},
-            {"message": "Weight update finished"}, {"status": "resumed"}])
+        document = json.loads(result.stdout)
+        self.assertEqual((document["ok"], document["exit_code"], document["version"],
+                          document["committed"]), (True, 0, "v1", 1))
+        self.assertGreater(document["seconds"], 0)
+        (server,) = document["servers"]
+        self.assertEqual((server["server"], server["ok"], server["committed"]),
+                         (self.server, True, True))
+        self.assertEqual([(step["step"], step["response"]) for step in server["steps"]], [
+            ("init (init.json)", {"message": "Weight transfer initialized"}),
+            ("pause", {"status": "paused"}),
+            ("start", {"message": "Weight update started"}),
+            ("update (1/1: a.json)", {"message": "Weights updated"}),
+            ("finish (version v1)", {"message": "Weight update finished"}),
+            ("resume", {"status": "resumed"})])
+        self.assertTrue(all(step["ok"] and step["exit_code"] == 0 and step["seconds"] >= 0
+                            for step in server["steps"]))
         self.assert_resumed_and_unversioned(daemon, "v1")
         # Repeatable: the next step's sync works on the same session state.
         self.assert_ok(self.ctl("-q", "weights", "sync", "--init", "init.json", "--update",

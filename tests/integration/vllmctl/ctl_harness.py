@@ -27,10 +27,11 @@ class CtlTestCase(DaemonTestCase):
         self.server = daemon.url
         return daemon
 
-    def start_external(self, *engine_args, daemon_args=()):
-        """vllmd in external mode with one vllm-ref-engine (recording its calls) attached."""
+    def start_external(self, *engine_args, daemon_args=(), name=None):
+        """vllmd in external mode with one vllm-ref-engine (recording its calls) attached;
+        `name` tells several daemons apart."""
         daemon, (engine,), _ = super().start_external(engine_extra={0: engine_args},
-                                                      daemon_args=daemon_args)
+                                                      daemon_args=daemon_args, name=name)
         self.server = daemon.url
         return daemon, engine
 

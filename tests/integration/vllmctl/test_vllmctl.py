@@ -10,5 +10,6 @@ from cases_cli import *  # noqa: F401,F403
 from cases_commands import *  # noqa: F401,F403
 from cases_errors import *  # noqa: F401,F403
 from cases_example import *  # noqa: F401,F403
+from cases_fleet import *  # noqa: F401,F403
 from cases_sync import *  # noqa: F401,F403
 from cases_wire import *  # noqa: F401,F403
