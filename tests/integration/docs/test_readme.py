@@ -11,7 +11,8 @@ Two things are not run literally, and the test checks what stands in for them:
   (VLLMCTL_SERVER points vllmctl at it).
 A comment `# → TEXT` after a command is what the command prints: the test checks it.
 
-Environment (set by ctest): VLLMD_BIN, VLLMCTL_BIN, VLLM_REF_ENGINE_BIN, README.
+Environment (set by ctest): VLLMD_BIN, VLLMCTL_BIN, VLLM_REF_ENGINE_BIN; README (the file to
+read) defaults to the repository's.
 """
 
 import os
