@@ -190,7 +190,7 @@ class CompletionTest(CtlTestCase):
         self.assertEqual(self.bash_complete("vllmctl", "--server", "http://x", "weights", "sync",
                                             "--"),
                          sorted(["--init", "--update", "--version", "--no-pause", "--sleep",
-                                 "--verify",
+                                 "--verify", "--servers-file",
                                  "--server",
                                  "--token-file", "--cacert", "--session", "--timeout", "--output",
                                  "--quiet", "--verbose", "--help"]))
