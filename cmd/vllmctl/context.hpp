@@ -30,7 +30,8 @@ struct Call {
 
 class Context {
  public:
-  Context(http::Client client, Output output) : client_(std::move(client)), output_(output) {}
+  Context(http::Client client, Output output)
+      : client_(std::move(client)), output_(std::move(output)) {}
 
   const Output& out() const { return output_; }
   const http::Endpoint& endpoint() const { return client_.endpoint(); }
