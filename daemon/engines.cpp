@@ -122,6 +122,8 @@ tl::expected<void, std::string> Engines::spawn_managed(const Config& config) {
 
 Engines::~Engines() {
   stopping_.store(true);
+  // The link closes first: engines we stop ourselves are not reported as dropped or dead.
+  client_->close();
   if (managed_pid_ > 0) {
     // SIGTERM lets the engine shut down cleanly; one that ignores it is killed after 10 s.
     ::kill(managed_pid_, SIGTERM);

@@ -1,8 +1,11 @@
 """Type=notify: vllmd talks to a NOTIFY_SOCKET this test owns. READY=1 only once the port
 answers and every engine is attached, STATUS= while waiting, WATCHDOG=1 when WATCHDOG_USEC is
-set, STOPPING=1 on SIGTERM, and a request in flight at SIGTERM still completes (exit 0)."""
+set, STOPPING=1 on SIGTERM, and a request in flight at SIGTERM still completes (exit 0). A
+clean stop says "stopped" and nothing alarming: the engines vllmd stops itself going away
+is not news for the operator's logs."""
 
 import os
+import re
 import signal
 import threading
 import time
@@ -101,6 +104,28 @@ class SystemdNotifyTest(harness.DaemonTestCase):
         self.assertEqual(result.get("status"), 503, result)
         self.assertEqual(result["body"]["error"]["code"], "engine_unavailable")
         self.assertEqual(daemon.popen.wait(timeout=15), 0)
+
+
+class CleanStopTest(harness.DaemonTestCase):
+    def assert_quiet_stop(self, daemon):
+        daemon.wait_healthy()
+        daemon.popen.send_signal(signal.SIGTERM)
+        self.assertEqual(daemon.popen.wait(timeout=20), 0)
+        log = daemon.log()
+        self.assertIn("shutting down", log)
+        self.assertIn("stopped", log)
+        stop = log[log.index("shutting down"):]
+        alarms = [line for line in stop.splitlines()
+                  if re.search(r"\b(warning|error|critical)\b", line, re.IGNORECASE)]
+        self.assertEqual(alarms, [], "a clean stop logged alarms")
+
+    def test_an_embedded_engine_stops_without_alarms(self):
+        self.assert_quiet_stop(self.start_daemon(["--dev-mode"]))
+
+    def test_a_managed_engine_stops_without_alarms(self):
+        command = f"{harness.engine_bin()} --handshake {{handshake_address}} --rank 0"
+        self.assert_quiet_stop(self.start_daemon(["--dev-mode", "--engine", "managed",
+                                                  "--engine-command", command]))
 
 
 if __name__ == "__main__":
