@@ -55,11 +55,8 @@ tl::expected<std::string, CheckFailure> read_baseline(const std::string& path) {
 int compare_with_baseline(const Context& context, const std::string& step,
                           const std::string& baseline) {
   const std::string body = "{\"action\":\"compare\",\"baseline\":" + baseline + "}";
-  auto reply = context.call(Call{api::Operation::kWeightChecker, {}, body});
-  if (!reply) {
-    context.out().error(step, reply.error().message);
-    return reply.error().exit_code;
-  }
+  auto reply = context.call_or_report(step, Call{api::Operation::kWeightChecker, {}, body});
+  if (!reply) return reply.error();
   const auto json = JsonReply::parse(reply->body);
   const msgpack::object* match = json ? json->field("match") : nullptr;
   const msgpack::object* mismatches = json ? json->field("mismatches") : nullptr;
@@ -81,18 +78,13 @@ int compare_with_baseline(const Context& context, const std::string& step,
 int weights_check(const Context& context, const CheckArgs& args) {
   if (args.baseline) {
     auto baseline = read_baseline(*args.baseline);
-    if (!baseline) {
-      context.out().error(kCommand, baseline.error().message);
-      return baseline.error().exit_code;
-    }
+    if (!baseline) return context.out().fail(kCommand, baseline.error());
     return compare_with_baseline(context, std::string(kCommand), *baseline);
   }
   const std::string body = args.reset ? R"({"action":"reset"})" : R"({"action":"checksum"})";
-  auto reply = context.call(Call{api::Operation::kWeightChecker, {}, body});
-  if (!reply) {
-    context.out().error(kCommand, reply.error().message);
-    return reply.error().exit_code;
-  }
+  auto reply =
+      context.call_or_report(std::string(kCommand), Call{api::Operation::kWeightChecker, {}, body});
+  if (!reply) return reply.error();
   if (args.reset) {
     context.out().result("weights reset", reply->body);
     return api::exit_code::kOk;

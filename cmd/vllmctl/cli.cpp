@@ -157,10 +157,7 @@ void define_sync(CLI::App& weights, Args& args, Commands& commands) {
     if (args.sync_sleep_option->count() > 0) args.sync.sleep_level = args.sync_sleep;
     if (args.sync_servers_file_option->count() > 0) args.sync.servers_file = args.sync_servers_file;
     auto servers = server_list(args.flags, args.sync.servers_file);
-    if (!servers) {
-      c.out().error("", servers.error().message);
-      return servers.error().exit_code;
-    }
+    if (!servers) return c.out().fail("", servers.error());
     std::vector<Context> contexts;
     for (const std::string& server : *servers) {
       auto context = make_context(args.flags, c.out(), server);

@@ -62,11 +62,8 @@ std::string string_body(std::string_view key, std::string_view value) {
 
 int run_step(const Context& context, const std::string& step, const Call& call,
              const std::string& detail) {
-  auto reply = context.call(call);
-  if (!reply) {
-    context.out().error(step, reply.error().message);
-    return reply.error().exit_code;
-  }
+  auto reply = context.call_or_report(step, call);
+  if (!reply) return reply.error();
   const api::Route& route = api::route_for(call.operation);
   const auto json = JsonReply::parse(reply->body);
   // /health answers 200 with an empty body; json mode still prints one document per call.
@@ -78,20 +75,15 @@ int run_step(const Context& context, const std::string& step, const Call& call,
 
 int run_inputs(const Context& context, const std::string& step, const Call& call,
                std::vector<InfoInput>& inputs) {
-  if (auto checked = check_inputs(inputs); !checked) {
-    context.out().error(step, checked.error().message);
-    return checked.error().exit_code;
-  }
+  if (auto checked = check_inputs(inputs); !checked)
+    return context.out().fail(step, checked.error());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const std::string detail = inputs.size() == 1
                                    ? inputs[i].label()
                                    : std::to_string(i + 1) + "/" + std::to_string(inputs.size()) +
                                          ": " + inputs[i].label();
     auto body = inputs[i].take_body();
-    if (!body) {
-      context.out().error(step + " (" + detail + ")", body.error().message);
-      return body.error().exit_code;
-    }
+    if (!body) return context.out().fail(step + " (" + detail + ")", body.error());
     Call one = call;
     one.body = *body;
     one.progress_label = detail;

@@ -48,4 +48,11 @@ tl::expected<http::Reply, Failure> Context::call(const Call& call) const {
   return std::move(*reply);
 }
 
+tl::expected<http::Reply, int> Context::call_or_report(const std::string& step,
+                                                       const Call& call) const {
+  auto reply = this->call(call);
+  if (reply) return std::move(*reply);
+  return tl::unexpected(output_.fail(step, reply.error()));
+}
+
 }  // namespace vllmd::vllmctl

@@ -51,6 +51,8 @@ class Context {
   // Sends the route's method and path (from api::kRoutes). A 2xx reply is a value; any
   // other status, and any transport error, is a Failure with its exit code (docs/product.md §4.5).
   tl::expected<http::Reply, Failure> call(const Call& call) const;
+  // call(), with a failure reported under `step`: the reply, or the exit code to return.
+  tl::expected<http::Reply, int> call_or_report(const std::string& step, const Call& call) const;
 
  private:
   http::Client client_;

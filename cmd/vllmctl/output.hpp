@@ -38,6 +38,11 @@ class Output {
   void result(std::string_view text, std::string_view json) const;
   // "vllmctl: <step>: <message>" on stderr, whatever -q says.
   void error(std::string_view step, std::string_view message) const;
+  // error() for a failure (anything with a message and an exit code); its exit code.
+  template <class Failure> int fail(std::string_view step, const Failure& failure) const {
+    error(step, failure.message);
+    return failure.exit_code;
+  }
   // A diagnostic line on stderr ("vllmctl: ..."), suppressed by -q.
   void note(std::string_view message) const;
   // A -v line on stderr.

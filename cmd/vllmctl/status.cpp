@@ -79,10 +79,7 @@ Field query_session(const Context& context) {
 int status(const Context& context) {
   auto health = context.call(snapshot(api::Operation::kHealth));
   // Without an answer from the daemon there is nothing to show.
-  if (!health && !health.error().replied) {
-    context.out().error("status", health.error().message);
-    return health.error().exit_code;
-  }
+  if (!health && !health.error().replied) return context.out().fail("status", health.error());
   const bool healthy = health.has_value();
   const std::string engines = healthy ? "all ready" : health.error().message;
 
@@ -140,10 +137,7 @@ int version(const Context& context) {
     json += ",\"server\":" + (reply->body.empty() ? std::string("null") : reply->body);
   }
   context.out().result(text, json + "}");
-  if (!reply) {
-    context.out().error("version", reply.error().message);
-    return reply.error().exit_code;
-  }
+  if (!reply) return context.out().fail("version", reply.error());
   return api::exit_code::kOk;
 }
 

@@ -213,8 +213,7 @@ class ServerSync {
     if (!ok()) return;
     auto body = input.take_body();
     if (!body) {
-      context_.out().error(step_name(name, detail), body.error().message);
-      code_ = body.error().exit_code;
+      code_ = context_.out().fail(step_name(name, detail), body.error());
       failed_ = with_detail(name, detail);
       record(failed_, code_, Clock::now());
       return;
@@ -355,10 +354,7 @@ int weights_sync(const std::vector<Context>& given, const SyncArgs& args) {
   const Output& out = given.front().out();
   std::vector<InfoInput> inputs = sync_inputs(args);
   // All inputs are checked before generation is paused: a typo must not cost a pause.
-  if (auto checked = check_inputs(inputs); !checked) {
-    out.error(kCommand, checked.error().message);
-    return checked.error().exit_code;
-  }
+  if (auto checked = check_inputs(inputs); !checked) return out.fail(kCommand, checked.error());
   SyncPlan plan{.pauses = !args.no_pause,
                 .sleep_level = args.sleep_level,
                 .version = args.version,
@@ -366,10 +362,7 @@ int weights_sync(const std::vector<Context>& given, const SyncArgs& args) {
                 .split_commit = args.verify.has_value() || given.size() > 1};
   if (args.verify) {
     auto read = read_baseline(*args.verify);
-    if (!read) {
-      out.error(kCommand, read.error().message);
-      return read.error().exit_code;
-    }
+    if (!read) return out.fail(kCommand, read.error());
     plan.baseline = std::move(*read);
   }
 
