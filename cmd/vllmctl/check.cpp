@@ -52,7 +52,7 @@ tl::expected<std::string, CheckFailure> read_baseline(const std::string& path) {
   return text;
 }
 
-int compare_with_baseline(const Context& context, const std::string& step,
+int compare_with_baseline(const Context& context, std::string_view step,
                           const std::string& baseline) {
   const std::string body = "{\"action\":\"compare\",\"baseline\":" + baseline + "}";
   auto reply = context.call_or_report(step, Call{api::Operation::kWeightChecker, {}, body});
@@ -79,11 +79,10 @@ int weights_check(const Context& context, const CheckArgs& args) {
   if (args.baseline) {
     auto baseline = read_baseline(*args.baseline);
     if (!baseline) return context.out().fail(kCommand, baseline.error());
-    return compare_with_baseline(context, std::string(kCommand), *baseline);
+    return compare_with_baseline(context, kCommand, *baseline);
   }
   const std::string body = args.reset ? R"({"action":"reset"})" : R"({"action":"checksum"})";
-  auto reply =
-      context.call_or_report(std::string(kCommand), Call{api::Operation::kWeightChecker, {}, body});
+  auto reply = context.call_or_report(kCommand, Call{api::Operation::kWeightChecker, {}, body});
   if (!reply) return reply.error();
   if (args.reset) {
     context.out().result("weights reset", reply->body);

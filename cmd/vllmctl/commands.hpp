@@ -40,7 +40,7 @@ struct CheckFailure {
 };
 tl::expected<std::string, CheckFailure> read_baseline(const std::string& path);
 // POST /weight_checker compare: 0 when every checksum matches, 65 naming the keys that do not.
-int compare_with_baseline(const Context& context, const std::string& step,
+int compare_with_baseline(const Context& context, std::string_view step,
                           const std::string& baseline);
 
 int status(const Context& context);

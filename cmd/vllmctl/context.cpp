@@ -48,7 +48,7 @@ tl::expected<http::Reply, Failure> Context::call(const Call& call) const {
   return std::move(*reply);
 }
 
-tl::expected<http::Reply, int> Context::call_or_report(const std::string& step,
+tl::expected<http::Reply, int> Context::call_or_report(std::string_view step,
                                                        const Call& call) const {
   auto reply = this->call(call);
   if (reply) return std::move(*reply);

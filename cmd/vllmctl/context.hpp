@@ -52,7 +52,7 @@ class Context {
   // other status, and any transport error, is a Failure with its exit code (docs/product.md §4.5).
   tl::expected<http::Reply, Failure> call(const Call& call) const;
   // call(), with a failure reported under `step`: the reply, or the exit code to return.
-  tl::expected<http::Reply, int> call_or_report(const std::string& step, const Call& call) const;
+  tl::expected<http::Reply, int> call_or_report(std::string_view step, const Call& call) const;
 
  private:
   http::Client client_;
