@@ -111,8 +111,9 @@ void WeightSyncService::forward(const Call& call, std::vector<std::uint64_t> inc
 }
 
 void WeightSyncService::start(const CallPtr& call, const Done& done) {
-  if (auto conflict = sessions_.conflict(call->session)) return done(error_response(*conflict));
-  if (auto asleep = weights_asleep()) return done(error_response(*asleep));
+  // A session lost to a restarted rank is closed on the others, and the start says so: left
+  // open there, it would make them refuse this start while the new process takes it.
+  if (!continue_session(*call, done)) return;
   // A rank that may still hold a session vllmd gave up on is closed first, or it would refuse.
   flush_pending_closes([this, call, done] {
     const std::vector<std::uint64_t> incarnations = current_incarnations();
@@ -160,8 +161,8 @@ void WeightSyncService::flush_pending_closes(const std::function<void()>& then) 
   close_sessions(ranks, incarnations, [then](const std::string&) { then(); });
 }
 
-// Whether the caller may go on with the open session (or none): a conflict, or a session
-// lost to a restarted engine, is answered here. The session's incarnations when it may.
+// Whether the caller may start, or go on with the open session (or none): a conflict, or a
+// session lost to a restarted engine, is answered here. The session's incarnations when it may.
 std::optional<std::vector<std::uint64_t>> WeightSyncService::continue_session(const Call& call,
                                                                               const Done& done) {
   if (auto conflict = sessions_.conflict(call.session)) {

@@ -79,6 +79,29 @@ class IncarnationTest(harness.DaemonTestCase):
         self.assertNotIn("set_weight_version", harness.call_names(engines[1].calls()))
         self.assert_json(daemon.get("/weight_info"), 200, {"weight_version": "default"})
 
+    def test_a_start_after_a_rank_restarted_mid_session_closes_the_lost_session(self):
+        # Found by the chaos test: an anonymous session was open when rank 1 restarted; the
+        # next start was refused by rank 0 alone ("already active") while the new rank 1
+        # started (and was closed again), and so every start until someone sent an update or
+        # a finish. The session is lost: the start says so and closes it on the survivors.
+        daemon, engines = self.start()
+        self.assertEqual(daemon.post("/start_weight_update").status_code, 200)
+        self.restart(daemon, engines, 1)
+        error = self.assert_error(daemon.post("/start_weight_update"), 503, "engine_unavailable",
+                                  type_="server_error")
+        self.assertIn("engine rank 1 restarted during the weight-update session", error["message"])
+        self.assertIn("the session was closed on engine rank 0", error["message"])
+        self.assertNotIn("already active", error["message"])
+        # The new rank 1 never heard of either start; rank 0's session was closed.
+        self.assertEqual(harness.call_names(engines[1].calls()), [])
+        self.assertEqual(harness.wire(engines[0].calls())[-1], rpc("finish_weight_update"))
+        # The next start works on every rank (the new process needs init).
+        self.init(daemon)
+        self.assertEqual(daemon.post("/start_weight_update").status_code, 200)
+        self.assertEqual(daemon.post("/finish_weight_update",
+                                     json={"weight_version": "v1"}).status_code, 200)
+        self.assert_json(daemon.get("/weight_info"), 200, {"weight_version": "v1"})
+
     def test_a_finish_failed_on_one_rank_leaves_no_session_anywhere(self):
         daemon, engines = self.start(engine_extra={1: ["--inject-fail-once", "finish_weight_update"]})
         self.assertEqual(daemon.post("/start_weight_update").status_code, 200)
