@@ -40,7 +40,7 @@ void check_recovered(ServiceFixture& f) {
 
 }  // namespace
 
-TEST_CASE("a rank restarted between start and finish: 503 naming it, survivors closed") {
+TEST_CASE("a rank restarted mid-session: the next call gets 503 naming it, survivors closed") {
   ServiceFixture f(2);
   REQUIRE(f.run(Operation::kStartWeightUpdate).status == 200);
   REQUIRE(f.run(Operation::kUpdateWeights, update_body()).status == 200);
@@ -51,6 +51,8 @@ TEST_CASE("a rank restarted between start and finish: 503 naming it, survivors c
     lost = f.run(Operation::kFinishWeightUpdate, {R"({"weight_version":"step-42"})"});
   }
   SUBCASE("update") { lost = f.run(Operation::kUpdateWeights, update_body()); }
+  // Not sent on: rank 1 would refuse it ("already active") while the new rank 0 took it.
+  SUBCASE("another start") { lost = f.run(Operation::kStartWeightUpdate); }
   CHECK(lost.status == 503);
   CHECK(error_member(lost, "code") == "engine_unavailable");
   CHECK(error_message(lost) == kRank0Lost + ", and the session was closed on engine rank 1");
