@@ -116,6 +116,14 @@ void WeightSyncService::start(const CallPtr& call, const Done& done) {
   if (!continue_session(*call, done)) return;
   // A rank that may still hold a session vllmd gave up on is closed first, or it would refuse.
   flush_pending_closes([this, call, done] {
+    // A rank still unreachable would refuse the start ("already active") once back, maybe
+    // before the start is sent to it: no rank gets the start until that one is closed.
+    if (const std::vector<int> unclosed = unclosed_ranks(); !unclosed.empty()) {
+      return done(error_response(engine_unavailable(
+          "failed to call " + std::string(call->route->worker_method) + ": " + rank_list(unclosed) +
+          " may still hold a weight-update session that vllmd could not close (unreachable); "
+          "vllmd closes it when the rank answers again; no session was opened")));
+    }
     const std::vector<std::uint64_t> incarnations = current_incarnations();
     forward(*call, incarnations, [this, call, incarnations, done](FanOut result) {
       const bool draft = call->route->operation == Operation::kStartDraftWeightUpdate;
@@ -159,6 +167,19 @@ void WeightSyncService::flush_pending_closes(const std::function<void()>& then) 
   }
   if (ranks.empty()) return then();
   close_sessions(ranks, incarnations, [then](const std::string&) { then(); });
+}
+
+// The ranks that may still hold a session vllmd closed elsewhere: unreachable when it did, and
+// still the same process.
+std::vector<int> WeightSyncService::unclosed_ranks() const {
+  const std::vector<std::uint64_t> now = current_incarnations();
+  std::vector<int> ranks;
+  std::lock_guard lock(pending_closes_mutex_);
+  for (const auto& [rank, incarnation] : pending_closes_) {
+    const auto index = static_cast<std::size_t>(rank);
+    if (index < now.size() && now[index] == incarnation) ranks.push_back(rank);
+  }
+  return ranks;
 }
 
 // Whether the caller may start, or go on with the open session (or none): a conflict, or a

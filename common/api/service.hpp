@@ -139,6 +139,7 @@ class WeightSyncService {
   void forward(const Call& call, std::vector<std::uint64_t> incarnations,
                std::function<void(FanOut)> then);
   void flush_pending_closes(const std::function<void()>& then);
+  std::vector<int> unclosed_ranks() const;
   std::optional<std::vector<std::uint64_t>> continue_session(const Call& call, const Done& done);
   void commit_version(const std::string& version, double seconds_before,
                       std::vector<std::uint64_t> incarnations, const Done& done);
@@ -176,7 +177,7 @@ class WeightSyncService {
   std::map<int, std::pair<std::string, std::string>> undelivered_scheduler_;
   // Ranks that were unreachable when vllmd closed their session (by rank: the incarnation
   // that may still hold it): closed once they answer again, and before any start.
-  std::mutex pending_closes_mutex_;
+  mutable std::mutex pending_closes_mutex_;
   std::map<int, std::uint64_t> pending_closes_;
 };
 

@@ -143,6 +143,16 @@ class IncarnationTest(harness.DaemonTestCase):
                                   "engine_unavailable", type_="server_error")
         self.assertIn("engine rank 0 may still hold it", error["message"])
         self.assertIn("vllmd closes it when the rank answers again", error["message"])
+        # Until it is closed no rank gets a start: rank 0 would refuse it once back ("already
+        # active", the chaos test saw it) while rank 1 took it.
+        calls_before = len(engines[1].calls())
+        error = self.assert_error(daemon.post("/start_weight_update"), 503, "engine_unavailable",
+                                  type_="server_error")
+        # (Rank 1 was cut too: it may still be reconnecting, and be named with rank 0.)
+        self.assertRegex(error["message"], r"engine ranks? 0(, 1)? may still hold a weight-update "
+                                           r"session that vllmd could not close")
+        self.assertNotIn("start_weight_update",
+                         harness.call_names(engines[1].calls()[calls_before:]))
         os.kill(engines[0].pid, signal.SIGCONT)
         harness.wait_until(lambda: daemon.health_status() == 200, 10, message="rank 0 back")
         harness.wait_until(lambda: without_probes(harness.call_names(engines[0].calls()))[-1:] ==

@@ -189,6 +189,21 @@ TEST_CASE("a rank unreachable when its session was closed is closed once it answ
     CHECK(f.run(Operation::kStartWeightUpdate).status == 200);
     CHECK(f.engines.names(4) == Names{"start_weight_update"});  // closed once only
   }
+  SUBCASE("a start while it is still unreachable: 503, and no rank is sent the start") {
+    // Found by the chaos test: sent on, the start reached rank 0 once it was back (between
+    // the close's turn and the send) and was refused there alone, "already active".
+    const Response start = f.run(Operation::kStartWeightUpdate);
+    CHECK(start.status == 503);
+    CHECK(error_member(start, "code") == "engine_unavailable");
+    CHECK(error_message(start) ==
+          "failed to call start_weight_update: engine rank 0 may still hold a weight-update "
+          "session that vllmd could not close (unreachable); vllmd closes it when the rank "
+          "answers again; no session was opened");
+    CHECK(f.engines.call_count() == 3);
+    f.engines.set_state(0, vllmd::engine::EngineState::kReady);
+    CHECK(f.engines.names(3) == Names{"finish_weight_update"});
+    CHECK(f.run(Operation::kStartWeightUpdate).status == 200);
+  }
   SUBCASE("a new process holds no session: nothing to close") {
     f.engines.restart(0);
     CHECK(f.engines.call_count() == 3);
