@@ -125,19 +125,21 @@ void WeightSyncService::start(const CallPtr& call, const Done& done) {
           "vllmd closes it when the rank answers again; no session was opened")));
     }
     const std::vector<std::uint64_t> incarnations = current_incarnations();
-    forward(*call, incarnations, [this, call, incarnations, done](FanOut result) {
+    const bool was_open = sessions_.is_open();
+    forward(*call, incarnations, [this, call, incarnations, was_open, done](FanOut result) {
       const bool draft = call->route->operation == Operation::kStartDraftWeightUpdate;
       if (!result.error) {
         sessions_.opened(call->session, draft, incarnations);
         return done(succeeded_response(*call->route, result.seconds));
       }
       // The ranks that did start (or may have: the reply was lost) hold a session the others
-      // do not: close theirs.
+      // do not: close theirs. Not while a session was open: every rank holds that one, and
+      // refused (or would have) this start.
       std::vector<int> started;
       for (const EngineReply& reply : result.replies) {
         if (reply.value || reply.value.error().sent) started.push_back(reply.rank);
       }
-      if (started.empty()) return done(error_response(*result.error, result.seconds));
+      if (started.empty() || was_open) return done(error_response(*result.error, result.seconds));
       close_sessions(started, incarnations, [result, done](const std::string& outcome) {
         done(with_note(*result.error, "no session was opened: " + outcome, result.seconds));
       });

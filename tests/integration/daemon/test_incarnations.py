@@ -161,6 +161,28 @@ class IncarnationTest(harness.DaemonTestCase):
         self.assertEqual(daemon.post("/finish_weight_update",
                                      json={"weight_version": "after-cut"}).status_code, 200)
 
+    def test_a_start_refused_while_a_session_is_open_leaves_that_session_alone(self):
+        # A second start while a session is open, its answer lost on rank 0 (a timeout): it
+        # opened nothing there (rank 0 holds the open session), so vllmd must not close rank
+        # 0 "where it may have started": that would close the open session on rank 0 alone.
+        daemon, engines = self.start(daemon_args=("--call-timeout", "1"))
+        self.assertEqual(daemon.post("/start_weight_update").status_code, 200)
+        os.kill(engines[0].pid, signal.SIGSTOP)
+        self.addCleanup(lambda: engines[0].alive() and os.kill(engines[0].pid, signal.SIGCONT))
+        self.assert_error(daemon.post("/start_weight_update"), 504, "engine_timeout",
+                          type_="server_error")
+        os.kill(engines[0].pid, signal.SIGCONT)
+        harness.wait_until(lambda: daemon.health_status() == 200, 10, message="rank 0 back")
+        # The open session goes on, on both ranks.
+        self.assertEqual(daemon.post("/update_weights", json=UPDATE).status_code, 200)
+        self.assertEqual(daemon.post("/finish_weight_update",
+                                     json={"weight_version": "v1"}).status_code, 200)
+        for engine in engines:
+            self.assertEqual(without_probes(harness.call_names(engine.calls()))[-5:],
+                             ["start_weight_update", "start_weight_update", "update_weights",
+                              "finish_weight_update", "set_weight_version"])
+        self.assert_json(daemon.get("/weight_info"), 200, {"weight_version": "v1"})
+
     def test_reads_answer_503_without_an_engine(self):
         handshake = f"tcp://{harness.HOST}:{harness.free_port()}"
         daemon = self.launch_daemon(["--dev-mode", "--engine", "external",

@@ -167,6 +167,25 @@ TEST_CASE("a start failed on one rank closes the session where it did start") {
   CHECK(f.run(Operation::kSessionStatus).body == kSessionClosed);
 }
 
+TEST_CASE("a start refused while a session is open closes nothing, even where its answer was lost") {
+  ServiceFixture f(2);
+  REQUIRE(f.run(Operation::kStartWeightUpdate).status == 200);  // anonymous: anyone may go on
+  // Rank 0's answer to the second start is lost. It cannot have opened anything there: rank 0
+  // holds the open session, as rank 1 does, which refuses. Closing rank 0 "where it may have
+  // started" would close that session there alone.
+  f.engines.set_responder(
+      [succeed = succeeding()](const RecordedCall& call, int rank) -> std::optional<Reply> {
+        if (call.name() != "start_weight_update") return succeed(call, rank);
+        if (rank == 0) return timed_out("engine rank 0 did not answer start_weight_update");
+        return failed("start_weight_update called while a weight update is already active.");
+      });
+  CHECK(f.run(Operation::kStartWeightUpdate).status == 504);
+  CHECK(f.engines.names(1) == Names{"start_weight_update"});
+  // The session goes on, on both ranks.
+  CHECK(f.run(Operation::kUpdateWeights, update_body()).status == 200);
+  CHECK(f.run(Operation::kFinishWeightUpdate, version_body("v1")).status == 200);
+}
+
 TEST_CASE("a rank unreachable when its session was closed is closed once it answers again") {
   ServiceFixture f(2);
   REQUIRE(f.run(Operation::kStartWeightUpdate).status == 200);
