@@ -167,7 +167,7 @@ TEST_CASE("a start failed on one rank closes the session where it did start") {
   CHECK(f.run(Operation::kSessionStatus).body == kSessionClosed);
 }
 
-TEST_CASE("a start refused while a session is open closes nothing, even where its answer was lost") {
+TEST_CASE("a start refused during an open session closes nothing, even where its answer was lost") {
   ServiceFixture f(2);
   REQUIRE(f.run(Operation::kStartWeightUpdate).status == 200);  // anonymous: anyone may go on
   // Rank 0's answer to the second start is lost. It cannot have opened anything there: rank 0
