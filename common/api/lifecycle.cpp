@@ -174,8 +174,12 @@ void WeightSyncService::flush_pending_closes(const std::function<void()>& then) 
 // The ranks that may still hold a session vllmd closed elsewhere: unreachable when it did, and
 // still the same process.
 std::vector<int> WeightSyncService::unclosed_ranks() const {
-  const std::vector<std::uint64_t> now = current_incarnations();
   std::vector<int> ranks;
+  {
+    std::lock_guard lock(pending_closes_mutex_);
+    if (pending_closes_.empty()) return ranks;  // as good as always: no status snapshot then
+  }
+  const std::vector<std::uint64_t> now = current_incarnations();
   std::lock_guard lock(pending_closes_mutex_);
   for (const auto& [rank, incarnation] : pending_closes_) {
     const auto index = static_cast<std::size_t>(rank);
