@@ -49,10 +49,9 @@ void Metrics::operation_finished(std::string_view operation, double seconds, boo
   histogram.sum += seconds;
 }
 
-void Metrics::count_request(std::string_view route, int status) {
+void Metrics::count_request(const api::Route* route, int status) {
   // Only table routes get their own label: arbitrary paths must not grow the series set.
-  const api::Route* found = api::find_route(route);
-  const std::size_t index = found != nullptr ? api::route_index(*found) : api::routes().size();
+  const std::size_t index = route != nullptr ? api::route_index(*route) : api::routes().size();
   std::lock_guard lock(mutex_);
   ++requests_[{index, status}];
 }

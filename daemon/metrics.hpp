@@ -16,6 +16,10 @@
 
 #include "common/engine/client.hpp"
 
+namespace vllmd::api {
+struct Route;
+}  // namespace vllmd::api
+
 namespace vllmd::daemon {
 
 struct ConnectionGauges {
@@ -36,7 +40,8 @@ class Metrics {
   void operation_started(std::string_view operation);
   void operation_finished(std::string_view operation, double seconds, bool succeeded,
                           bool reached_engine);
-  void count_request(std::string_view route, int status);
+  // `route`: the table's row, or nullptr for a path outside the table.
+  void count_request(const api::Route* route, int status);
   // `sleep_states`: by rank, as api::WeightSyncService::sleep_states gives them.
   std::string render(const std::vector<engine::EngineStatus>& engines, std::size_t pending_calls,
                      const ConnectionGauges& connections,

@@ -92,11 +92,10 @@ struct RouteMatch {
 // carries (Allow, WWW-Authenticate).
 std::optional<api::ApiError> Router::refusal(const http::RequestHead& head, const api::Route* route,
                                              const std::optional<util::IpAddress>& peer,
-                                             http::Headers& headers) const {
-  const std::shared_ptr<const Policy> policy = context_.policy();
+                                             const Policy& policy, http::Headers& headers) const {
   const bool open = route != nullptr && route->open_to_all;
-  if (!open && !policy->allowlist.empty() &&
-      (!peer || !util::any_contains(policy->allowlist, *peer))) {
+  if (!open && !policy.allowlist.empty() &&
+      (!peer || !util::any_contains(policy.allowlist, *peer))) {
     return api::forbidden("client address " + peer_text(peer) + " is not allowed");
   }
   if (route == nullptr || (route->dev_only && !context_.dev_mode)) return api::not_found();
@@ -104,8 +103,8 @@ std::optional<api::ApiError> Router::refusal(const http::RequestHead& head, cons
     headers.emplace_back("Allow", std::string(route->method));
     return api::method_not_allowed();
   }
-  if (!open && !policy->api_keys.empty() &&
-      !authorized(head.field(http::KnownField::kAuthorization), policy->api_keys)) {
+  if (!open && !policy.api_keys.empty() &&
+      !authorized(head.field(http::KnownField::kAuthorization), policy.api_keys)) {
     headers.emplace_back("WWW-Authenticate", "Bearer");
     return api::unauthorized("missing or invalid API key");
   }
@@ -132,13 +131,14 @@ http::Decision Router::decide(const http::RequestHead& head,
   const api::Route* route = api::find_route(path);
   http::Decision decision;
   http::Headers headers;
-  if (auto error = refusal(head, route, peer, headers)) {
+  const std::shared_ptr<const Policy> policy = context_.policy();  // one reload state per request
+  if (auto error = refusal(head, route, peer, *policy, headers)) {
     decision.refusal = http::error_response(*error);
     decision.refusal->headers = std::move(headers);
-    record(peer, head.method, path, error->status, 0, 0);
+    record(peer, head.method, path, route, error->status, 0, 0);
     return decision;
   }
-  decision.body_limit = static_cast<std::uint64_t>(context_.policy()->max_body_bytes);
+  decision.body_limit = static_cast<std::uint64_t>(policy->max_body_bytes);
   auto match = std::make_shared<RouteMatch>();
   match->route = route;
   if (question != std::string_view::npos) match->query = std::string(target.substr(question + 1));
@@ -188,13 +188,14 @@ void Router::answer(const RouteMatch& match, http::Exchange& exchange, api::Resp
   }
   const int status = response.status;
   exchange.respond(response);
-  record(match.peer, match.route->method, match.route->path, status, total, engine);
+  record(match.peer, match.route->method, match.route->path, match.route, status, total, engine);
 }
 
 // The access-log line and the request counter, for every request.
 void Router::record(const std::optional<util::IpAddress>& peer, std::string_view method,
-                    std::string_view path, int status, double total_ms, double engine_ms) const {
-  if (context_.metrics != nullptr) context_.metrics->count_request(path, status);
+                    std::string_view path, const api::Route* route, int status, double total_ms,
+                    double engine_ms) const {
+  if (context_.metrics != nullptr) context_.metrics->count_request(route, status);
   if (!util::log::enabled(util::log::Level::kInfo)) return;
   util::log::info(peer_text(peer), " ", util::log::escaped(method), " ", util::log::escaped(path),
                   " ", status, " ", static_cast<long long>(total_ms * 1000) / 1000.0,

@@ -26,11 +26,12 @@ class Router {
  private:
   std::optional<api::ApiError> refusal(const http::RequestHead& head, const api::Route* route,
                                        const std::optional<util::IpAddress>& peer,
-                                       http::Headers& headers) const;
+                                       const Policy& policy, http::Headers& headers) const;
   void serve(const std::shared_ptr<RouteMatch>& match, const http::ExchangePtr& exchange);
   void answer(const RouteMatch& match, http::Exchange& exchange, api::Response reply);
   void record(const std::optional<util::IpAddress>& peer, std::string_view method,
-              std::string_view path, int status, double total_ms, double engine_ms) const;
+              std::string_view path, const api::Route* route, int status, double total_ms,
+              double engine_ms) const;
 
   ServerContext& context_;
 };

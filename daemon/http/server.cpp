@@ -109,6 +109,7 @@ struct Mailbox {
   int wake_fd = -1;
   std::atomic<std::thread::id> loop;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> pending{false};  // posted since the loop last drained: it skips the lock
   std::mutex mutex;
   std::vector<Delivery> deliveries;
   std::vector<std::function<void()>> tasks;
@@ -119,6 +120,7 @@ struct Mailbox {
     if (!open) return;
     wake_if_idle();
     deliveries.push_back(std::move(delivery));
+    pending = true;
   }
 
   void post(std::function<void()> task) {
@@ -126,6 +128,7 @@ struct Mailbox {
     if (!open) return;
     wake_if_idle();
     tasks.push_back(std::move(task));
+    pending = true;
   }
 
   // The loop drains the mailbox after every round of events: it needs no wake-up from
@@ -346,7 +349,7 @@ void Server::Impl::on_event(std::uint64_t id, std::uint32_t events) {
 }
 
 void Server::Impl::drain_mailbox() {
-  for (;;) {
+  while (mailbox->pending.exchange(false)) {
     deliveries.clear();
     tasks.clear();
     {
@@ -354,7 +357,6 @@ void Server::Impl::drain_mailbox() {
       deliveries.swap(mailbox->deliveries);
       tasks.swap(mailbox->tasks);
     }
-    if (deliveries.empty() && tasks.empty()) return;
     for (Mailbox::Delivery& delivery : deliveries) {
       step(delivery.connection, [&delivery](Connection& connection) {
         return connection.deliver(delivery.bytes, delivery.last, delivery.close);
