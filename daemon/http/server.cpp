@@ -118,26 +118,27 @@ struct Mailbox {
   void post(Delivery delivery) {
     std::lock_guard lock(mutex);
     if (!open) return;
-    wake_if_idle();
+    const bool idle = deliveries.empty() && tasks.empty();
     deliveries.push_back(std::move(delivery));
-    pending = true;
+    announce(idle);
   }
 
   void post(std::function<void()> task) {
     std::lock_guard lock(mutex);
     if (!open) return;
-    wake_if_idle();
+    const bool idle = deliveries.empty() && tasks.empty();
     tasks.push_back(std::move(task));
-    pending = true;
+    announce(idle);
   }
 
   // The loop drains the mailbox after every round of events: it needs no wake-up from
-  // itself, and one wake-up covers everything posted until it drains. Under the lock, so
-  // the descriptor cannot be closed meanwhile.
-  void wake_if_idle() {
-    if (deliveries.empty() && tasks.empty() && std::this_thread::get_id() != loop.load()) {
-      signal_event(wake_fd);
-    }
+  // itself, and one wake-up covers everything posted until it drains. `pending` is set
+  // before the wake-up: a loop that runs the moment it is woken must find it set, or it
+  // goes back to sleep with the post unseen. Under the lock, so the descriptor cannot be
+  // closed meanwhile.
+  void announce(bool idle) {
+    pending = true;
+    if (idle && std::this_thread::get_id() != loop.load()) signal_event(wake_fd);
   }
 };
 

@@ -3,9 +3,11 @@ reference-engine process: exact HTTP bodies (docs/http-api.md §2.1) and exact w
 engine received them (docs/engine-protocol.md §5.1), with payloads passed through unchanged."""
 
 import subprocess
+import time
 import unittest
 
 import msgpack
+import requests
 
 import harness
 from harness import rpc
@@ -183,6 +185,24 @@ class LifecycleTest(harness.DaemonTestCase):
                                             {"init_info": {}}])
         self.assertEqual(calls[3]["args"], ["update_weights", None, [], {"update_info": info}])
         self.assertEqual(calls[5]["args"], [version + "!"])
+
+    def test_an_engine_answer_goes_out_at_once_not_on_the_loops_next_tick(self):
+        # The answer to a lifecycle call comes from the engine IO thread; the HTTP loop must be
+        # woken for it. A lost wake-up is only noticed by the loop's timer tick, every 250 ms.
+        daemon, _, _ = self.start_external(dp=1, record=False)
+        seconds = []
+        with requests.Session() as client:
+            for step in range(20):
+                for path, body in (("/start_weight_update", None),
+                                   ("/finish_weight_update", {"weight_version": f"s{step}"})):
+                    began = time.monotonic()
+                    response = client.post(daemon.url + path, json=body, timeout=30)
+                    seconds.append(time.monotonic() - began)
+                    self.assertEqual(response.status_code, 200, response.text)
+        # A lost wake-up costs a call ~250 ms; a loaded CI machine may stall a call or two.
+        slow = [round(x, 3) for x in seconds if x >= 0.2]
+        self.assertLessEqual(len(slow), 4, f"{len(slow)} of {len(seconds)} calls took >= 0.2 s: "
+                             f"{slow}")
 
 
 if __name__ == "__main__":
