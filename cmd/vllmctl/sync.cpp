@@ -141,7 +141,15 @@ class ServerSync {
            Call{Operation::kResetPrefixCache, {{"reset_running_requests", "true"}}});
     }
     if (!ok()) return recover();
-    if (plan_.pauses || plan_.sleep_level) always("resume", Call{Operation::kResume});
+    if (!plan_.pauses && !plan_.sleep_level) return;
+    // A resume that fails fails the sync: a job reading exit 0 would go on with generation
+    // paused. The weights and their version stand.
+    step("resume", Call{Operation::kResume});
+    if (!ok()) {
+      outcome_ = "failed at resume; weight version " +
+                 std::string(committed_ ? "committed" : "not committed") +
+                 "; generation may still be paused";
+    }
   }
 
   // After a failure: closes a session left open (finish without a version, so that a retry

@@ -188,6 +188,20 @@ class SyncTest(CtlTestCase):
             "init_weight_transfer_engine", "pause_scheduler", "resume_scheduler"])
         self.assert_resumed_and_unversioned(daemon)
 
+    def test_a_failed_resume_is_reported_and_exits_non_zero(self):
+        # Everything else went through, so the version stands; but generation may still be
+        # paused, and a training job must not read that as success.
+        daemon, engine = self.start_external("--inject-fail", "resume_scheduler")
+        self.assert_exit(self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json",
+                                  "--version", "v"),
+                         70, ["weights sync: resume: failed to call resume_scheduler",
+                              "failed at resume; weight version committed; "
+                              "generation may still be paused"])
+        self.assertEqual(self.engine_calls(engine)[-2:], ["set_weight_version",
+                                                          "resume_scheduler"])
+        self.assertEqual(daemon.get("/weight_info").json(), {"weight_version": "v"})
+        self.assertEqual(daemon.get("/is_paused").json(), {"is_paused": True})
+
     def test_failed_finish_commits_nothing(self):
         daemon, engine = self.start_external("--inject-fail", "finish_weight_update")
         self.assert_exit(self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json",
