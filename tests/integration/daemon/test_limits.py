@@ -259,7 +259,7 @@ class LimitsTest(harness.DaemonTestCase):
                            message="/health once descriptors are free again")
 
     def test_large_requests_beyond_max_queued_get_503_and_the_queued_one_is_served(self):
-        # Bodies over 256 KiB are validated on the executor (server.threads). Its only thread
+        # Bodies over 2 MiB are validated on the executor (server.threads). Its only thread
         # is held here by a reload stuck reading the API key file, which is now a FIFO.
         keys = os.path.join(self.workdir, "keys")
         with open(keys, "w", encoding="ascii") as handle:
@@ -281,7 +281,7 @@ class LimitsTest(harness.DaemonTestCase):
         stuck = self.connection(daemon)
         stuck.send(b"POST /reload HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
         time.sleep(0.3)
-        body = json.dumps({"update_info": harness.update_info(), "pad": "x" * 300000}).encode()
+        body = json.dumps({"update_info": harness.update_info(), "pad": "x" * (2 << 20)}).encode()
         head = (b"POST /update_weights HTTP/1.1\r\nHost: x\r\n" + auth +
                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
         queued = self.connection(daemon)
