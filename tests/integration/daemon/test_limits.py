@@ -294,6 +294,14 @@ class LimitsTest(harness.DaemonTestCase):
         self.assertEqual(json.loads(answer)["error"]["code"], "server_busy")
         self.assertIn("server.max_queued", json.loads(answer)["error"]["message"])
 
+        # A body up to 2 MiB (NCCL metadata) is validated on the loop: neither refused nor
+        # held by the full executor.
+        middle = json.dumps({"update_info": harness.update_info(), "pad": "x" * (1 << 20)}).encode()
+        inline = self.connection(daemon)
+        inline.send(b"POST /update_weights HTTP/1.1\r\nHost: x\r\n" + auth +
+                    b"Content-Length: " + str(len(middle)).encode() + b"\r\n\r\n" + middle)
+        self.assertEqual(inline.response()[0], 200)
+
         with open(keys, "w", encoding="ascii") as handle:  # the reload goes on
             handle.write("secret\n")
         self.assertEqual(stuck.response()[0], 200)
