@@ -73,6 +73,12 @@ std::string decoded_path(std::string_view path) {
   return decoded;
 }
 
+// Whether the request's body is handled on the executor; decided from the head, so the queue
+// limit is checked against the same rule that places the work.
+bool large_body(const http::RequestHead& head) {
+  return head.content_length > kInlineBodyBytes || head.framing == http::BodyFraming::kChunked;
+}
+
 double milliseconds(Clock::duration duration) {
   return std::chrono::duration<double, std::milli>(duration).count();
 }
@@ -90,6 +96,7 @@ struct RouteMatch {
   std::string query;  // raw, after '?'
   std::optional<util::IpAddress> peer;
   std::optional<std::string> session;  // Vllmd-Session
+  bool large_body = false;
 };
 
 // Why the request is refused from its head, or nothing. `headers` gets what the refusal
@@ -118,9 +125,7 @@ std::optional<api::ApiError> Router::refusal(const http::RequestHead& head, cons
     return api::invalid_request(
         "the Vllmd-Session header must be one id of 1 to 128 visible ASCII characters");
   }
-  const bool to_executor =
-      head.content_length > kInlineBodyBytes || head.framing == http::BodyFraming::kChunked;
-  if (to_executor && context_.executor != nullptr &&
+  if (large_body(head) && context_.executor != nullptr &&
       static_cast<int>(context_.executor->queued()) >= context_.max_queued) {
     return api::server_busy("too many requests waiting (server.max_queued)");
   }
@@ -147,6 +152,7 @@ http::Decision Router::decide(const http::RequestHead& head,
   match->route = route;
   if (question != std::string_view::npos) match->query = std::string(target.substr(question + 1));
   match->peer = peer;
+  match->large_body = large_body(head);
   if (const std::string_view session = head.field("vllmd-session"); !session.empty()) {
     match->session = std::string(session);
   }
@@ -162,13 +168,13 @@ void Router::serve(const std::shared_ptr<RouteMatch>& match, const http::Exchang
   call->query = api::parse_query(match->query);
   call->body = std::move(exchange->request().body);
   call->session = match->session;
-  const bool inline_ok = call->body.size() <= kInlineBodyBytes && !call->route->blocking;
+  const bool on_executor = match->large_body || call->route->blocking;
   auto run = [this, match, exchange, call] {
     context_.service->handle(call, [this, match, exchange](api::Response reply) {
       answer(*match, *exchange, std::move(reply));
     });
   };
-  if (!inline_ok && context_.executor != nullptr) return context_.executor->post(run);
+  if (on_executor && context_.executor != nullptr) return context_.executor->post(run);
   run();
 }
 

@@ -115,28 +115,19 @@ struct Mailbox {
   std::vector<std::function<void()>> tasks;
   bool open = true;
 
-  void post(Delivery delivery) {
-    std::lock_guard lock(mutex);
-    if (!open) return;
-    const bool idle = deliveries.empty() && tasks.empty();
-    deliveries.push_back(std::move(delivery));
-    announce(idle);
-  }
-
-  void post(std::function<void()> task) {
-    std::lock_guard lock(mutex);
-    if (!open) return;
-    const bool idle = deliveries.empty() && tasks.empty();
-    tasks.push_back(std::move(task));
-    announce(idle);
-  }
+  void post(Delivery delivery) { put(deliveries, std::move(delivery)); }
+  void post(std::function<void()> task) { put(tasks, std::move(task)); }
 
   // The loop drains the mailbox after every round of events: it needs no wake-up from
   // itself, and one wake-up covers everything posted until it drains. `pending` is set
   // before the wake-up: a loop that runs the moment it is woken must find it set, or it
   // goes back to sleep with the post unseen. Under the lock, so the descriptor cannot be
   // closed meanwhile.
-  void announce(bool idle) {
+  template <typename Item> void put(std::vector<Item>& queue, Item item) {
+    std::lock_guard lock(mutex);
+    if (!open) return;
+    const bool idle = deliveries.empty() && tasks.empty();
+    queue.push_back(std::move(item));
     pending = true;
     if (idle && std::this_thread::get_id() != loop.load()) signal_event(wake_fd);
   }
