@@ -5,6 +5,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config ninja-build
+  # Every build compiles through it (cmake/ccache.cmake): rebuilds and CI's next run reuse work.
+  ccache
   libcli11-dev libpoco-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libboost-dev
   doctest-dev libtomlplusplus-dev libsystemd-dev libexpected-dev libssl-dev
   python3 python3-zmq python3-msgpack python3-requests
