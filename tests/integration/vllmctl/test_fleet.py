@@ -5,7 +5,7 @@ json: one document for the whole sync."""
 
 import json
 
-from cases_wire import FakeServer
+from test_wire import FakeServer
 from ctl_harness import CtlTestCase
 from harness import NCCL_INIT_INFO, call_names, update_info
 

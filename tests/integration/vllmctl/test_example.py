@@ -4,7 +4,7 @@ import json
 import os
 import subprocess
 
-from cases_wire import FakeServer, error
+from test_wire import FakeServer, error
 from ctl_harness import CtlTestCase
 from harness import binary, call_names, clean_env, free_port
 
