@@ -152,8 +152,8 @@ struct Frontend {
     return frames->front();
   }
 
-  wire::UtilityOutput reply() {
-    auto frame = reply_frame();
+  wire::UtilityOutput reply(std::chrono::milliseconds timeout = kTimeout) {
+    auto frame = reply_frame(timeout);
     REQUIRE(frame);
     auto outputs = wire::decode_engine_core_outputs(*frame);
     REQUIRE(outputs);
