@@ -3,9 +3,10 @@ parallel, with a cache of the files found clean; any finding fails. scripts/tidy
 
 A file is analysed again only when something it is analysed from changed. Its key hashes
 clang-tidy's version, .clang-tidy, the file's compile command and the contents of every file
-its object depends on (the build's own .d files, from -MD): the file itself, our headers and
-the system's. A key with a stamp in the cache was analysed clean before. Files without a .d
-file (not built yet) are always analysed. Paths under the source tree are hashed relative to
+its object depends on, as the build recorded them (Ninja keeps the compiler's -MD lists in its
+own log and deletes the .d files: `ninja -t deps`): the file itself, our headers and the
+system's. A key with a stamp in the cache was analysed clean before. Files the build has no
+up-to-date list for (not built yet, or changed since) are always analysed. Paths under the source tree are hashed relative to
 it, so another clone of the tree shares the cache (.ci/run's fresh clones do).
 """
 
@@ -55,17 +56,27 @@ class Hasher:
         return self.digests[path]
 
 
-def dependencies(depfile, directory):
-    """The files a Makefile-style .d file lists (the target itself left out)."""
-    with open(depfile, encoding="utf-8") as handle:
-        text = handle.read().replace("\\\n", " ")
-    _, _, prerequisites = text.partition(": ")
-    return [os.path.normpath(os.path.join(directory, path))
-            for path in shlex.split(prerequisites.replace("\\ ", "\0"))
-            if path]
+def recorded_dependencies(build_dir):
+    """{object path relative to the build: [files it was compiled from]}, from Ninja's log.
+
+    An object whose record is STALE (a dependency changed since it was built) is left out."""
+    result = subprocess.run(["ninja", "-C", build_dir, "-t", "deps"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, check=False)
+    recorded, current = {}, None
+    for line in result.stdout.decode("utf-8", "replace").splitlines():
+        if not line.strip():
+            current = None
+        elif not line[0].isspace():
+            target, _, state = line.partition(": ")
+            current = [] if state.rstrip().endswith("(VALID)") else None
+            if current is not None:
+                recorded[target] = current
+        elif current is not None:
+            current.append(os.path.normpath(os.path.join(build_dir, line.strip())))
+    return recorded
 
 
-def key_of(entry, root, hasher, common):
+def key_of(entry, root, hasher, common, recorded):
     """The file's cache key, or None when the build has no dependency list for it."""
     command = entry.get("command") or shlex.join(entry["arguments"])
     output = entry.get("output")
@@ -74,18 +85,17 @@ def key_of(entry, root, hasher, common):
         if not found:
             return None
         output = found.group(1)
-    depfile = os.path.join(entry["directory"], output + ".d")
-    if not os.path.isfile(depfile):
-        depfile = os.path.join(entry["directory"], os.path.splitext(output)[0] + ".d")
-        if not os.path.isfile(depfile):
-            return None
+    files = recorded.get(os.path.normpath(output))
+    if not files:
+        return None
     key = hashlib.sha256(common)
     key.update(command.replace(root, ".").encode())
     try:
-        for path in sorted(set(dependencies(depfile, entry["directory"]))):
-            key.update(f"\n{hasher.name(path)} {hasher.digest(path)}".encode())
+        # Sorted by the name hashed, so that every clone orders them alike.
+        for name, path in sorted({(hasher.name(path), path) for path in files}):
+            key.update(f"\n{name} {hasher.digest(path)}".encode())
     except OSError:
-        return None  # a header is gone: the .d file is stale, analyse
+        return None  # a header is gone: the record is stale, analyse
     return key.hexdigest()
 
 
@@ -119,7 +129,8 @@ def main():
     with open(os.path.join(root, ".clang-tidy"), "rb") as handle:
         common = version + b"\0" + handle.read()
     hasher = Hasher(root)
-    keys = {path: (None if args.no_cache else key_of(entry, root, hasher, common))
+    recorded = {} if args.no_cache else recorded_dependencies(build_dir)
+    keys = {path: (None if args.no_cache else key_of(entry, root, hasher, common, recorded))
             for path, entry in entries.items()}
     os.makedirs(args.cache_dir, exist_ok=True)
     todo = sorted(path for path, key in keys.items()
