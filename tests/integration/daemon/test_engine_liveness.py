@@ -83,7 +83,7 @@ class ConnectionCutTest(harness.DaemonTestCase):
         daemon, (engine,), _ = self.start_external()
         port = input_port(daemon)
         # Stopped, the engine cannot reconnect yet: the disconnected state lasts until SIGCONT.
-        os.kill(engine.pid, signal.SIGSTOP)
+        engine.freeze()
         cut_connections_to(port)
         daemon.wait_unhealthy(timeout=5)
         status, message = health_message(daemon)
@@ -97,7 +97,7 @@ class ConnectionCutTest(harness.DaemonTestCase):
                                   message_prefix="failed to call start_weight_update:")
         self.assertIn("engine rank 0 is disconnected", error["message"])
 
-        os.kill(engine.pid, signal.SIGCONT)
+        engine.thaw()
         daemon.wait_healthy(timeout=5)
         self.assertEqual(daemon.post("/init_weight_transfer_engine",
                                      json={"init_info": harness.NCCL_INIT_INFO}).status_code, 200)
@@ -143,7 +143,7 @@ class LivenessProbeTest(harness.DaemonTestCase):
 
     def test_a_stopped_engine_is_reported_and_revived_when_it_answers(self):
         daemon, (engine,), _ = self.start_probed()
-        os.kill(engine.pid, signal.SIGSTOP)
+        engine.freeze()
         stopped = time.monotonic()
         daemon.wait_unhealthy(timeout=5)
         self.assertLess(time.monotonic() - stopped, 4)
@@ -152,7 +152,7 @@ class LivenessProbeTest(harness.DaemonTestCase):
         self.assertIn("engine rank 0", message)
         self.assertIn("liveness probe timed out after 1 s", message)
 
-        os.kill(engine.pid, signal.SIGCONT)
+        engine.thaw()
         daemon.wait_healthy(timeout=5)
         self.assert_json(daemon.post("/update_weight_version", json={"new_version": "p1"}),
                          200, {"success": True, "new_version": "p1"})

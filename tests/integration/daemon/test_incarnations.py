@@ -134,8 +134,8 @@ class IncarnationTest(harness.DaemonTestCase):
         # everywhere, kept it, and refused every later start ("already active").
         daemon, engines = self.start()
         self.assertEqual(daemon.post("/start_weight_update").status_code, 200)
-        os.kill(engines[0].pid, signal.SIGSTOP)  # it cannot reconnect while stopped
-        self.addCleanup(lambda: engines[0].alive() and os.kill(engines[0].pid, signal.SIGCONT))
+        engines[0].freeze()  # it cannot reconnect while stopped
+        self.addCleanup(engines[0].thaw)
         cut_connections_to(input_port(daemon))
         harness.wait_until(lambda: "disconnected" in daemon.get("/health").text, 5,
                            message="rank 0 disconnected")
@@ -153,7 +153,7 @@ class IncarnationTest(harness.DaemonTestCase):
                                            r"session that vllmd could not close")
         self.assertNotIn("start_weight_update",
                          harness.call_names(engines[1].calls()[calls_before:]))
-        os.kill(engines[0].pid, signal.SIGCONT)
+        engines[0].thaw()
         harness.wait_until(lambda: daemon.health_status() == 200, 10, message="rank 0 back")
         harness.wait_until(lambda: without_probes(harness.call_names(engines[0].calls()))[-1:] ==
                            ["finish_weight_update"], 5, message="rank 0's session closed")
@@ -167,11 +167,11 @@ class IncarnationTest(harness.DaemonTestCase):
         # 0 "where it may have started": that would close the open session on rank 0 alone.
         daemon, engines = self.start(daemon_args=("--call-timeout", "1"))
         self.assertEqual(daemon.post("/start_weight_update").status_code, 200)
-        os.kill(engines[0].pid, signal.SIGSTOP)
-        self.addCleanup(lambda: engines[0].alive() and os.kill(engines[0].pid, signal.SIGCONT))
+        engines[0].freeze()
+        self.addCleanup(engines[0].thaw)
         self.assert_error(daemon.post("/start_weight_update"), 504, "engine_timeout",
                           type_="server_error")
-        os.kill(engines[0].pid, signal.SIGCONT)
+        engines[0].thaw()
         harness.wait_until(lambda: daemon.health_status() == 200, 10, message="rank 0 back")
         # The open session goes on, on both ranks.
         self.assertEqual(daemon.post("/update_weights", json=UPDATE).status_code, 200)

@@ -113,6 +113,31 @@ class Process:
             self.popen.wait()
         self._log.close()
 
+    def freeze(self):
+        """SIGSTOP, and returns once every thread is stopped.
+
+        kill() only queues the stop: on a busy machine the process runs on, and can answer a
+        request sent after kill() returned, until the scheduler gets to it."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+        def every_thread_stopped():
+            for task in os.listdir(f"/proc/{self.pid}/task"):
+                try:
+                    with open(f"/proc/{self.pid}/task/{task}/stat", encoding="ascii") as stat:
+                        state = stat.read().rsplit(")", 1)[1].split()[0]
+                except FileNotFoundError:
+                    continue  # a thread that just exited
+                if state not in ("T", "t"):
+                    return False
+            return True
+
+        wait_until(every_thread_stopped, 10, interval=0.001, message=f"{self.name} stopped")
+
+    def thaw(self):
+        """SIGCONT, if the process still runs."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGCONT)
+
     def stop(self):
         """SIGTERM, then SIGKILL after a short grace period; always reaped."""
         if self.popen.poll() is None:
