@@ -4,7 +4,7 @@ parallel, with a cache of the files found clean; any finding fails. scripts/tidy
 A file is analysed again only when something it is analysed from changed. Its key hashes
 clang-tidy's version, .clang-tidy, the file's compile command and the contents of every file
 its object depends on, as the build recorded them (Ninja keeps the compiler's -MD lists in its
-own log and deletes the .d files: `ninja -t deps`): the file itself, our headers and the
+own log, .ninja_deps, and deletes the .d files): the file itself, our headers and the
 system's. A key with a stamp in the cache was analysed clean before. Files the build has no
 up-to-date list for (not built yet, or changed since) are always analysed. Paths under the source tree are hashed relative to
 it, so another clone of the tree shares the cache (.ci/run's fresh clones do).
@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import struct
 import subprocess
 import sys
 import time
@@ -59,20 +60,46 @@ class Hasher:
 def recorded_dependencies(build_dir):
     """{object path relative to the build: [files it was compiled from]}, from Ninja's log.
 
-    An object whose record is STALE (a dependency changed since it was built) is left out."""
-    result = subprocess.run(["ninja", "-C", build_dir, "-t", "deps"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, check=False)
-    recorded, current = {}, None
-    for line in result.stdout.decode("utf-8", "replace").splitlines():
-        if not line.strip():
-            current = None
-        elif not line[0].isspace():
-            target, _, state = line.partition(": ")
-            current = [] if state.rstrip().endswith("(VALID)") else None
-            if current is not None:
-                recorded[target] = current
-        elif current is not None:
-            current.append(os.path.normpath(os.path.join(build_dir, line.strip())))
+    The log (.ninja_deps, format version 4) is read here rather than through `ninja -t deps`:
+    that command opens the log for writing and may recompact it, which made a build started
+    beside it (.ci/run's test stage) find no dependencies and recompile everything. An object
+    whose record is older than the object itself (STALE to Ninja) is left out."""
+    path = os.path.join(build_dir, ".ninja_deps")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return {}
+    if not data.startswith(b"# ninjadeps\n") or len(data) < 16:
+        return {}
+    if struct.unpack_from("<i", data, 12)[0] != 4:
+        return {}  # another format: analyse everything
+    names, records, at = [], {}, 16
+    while at + 4 <= len(data):
+        (size,) = struct.unpack_from("<I", data, at)
+        at += 4
+        is_deps, size = size & 0x80000000, size & 0x7FFFFFFF
+        if at + size > len(data):
+            break  # a record still being written
+        if is_deps:
+            output, low, high = struct.unpack_from("<iII", data, at)
+            count = (size - 12) // 4
+            records[output] = ((high << 32) | low, struct.unpack_from(f"<{count}i", data, at + 12))
+        else:
+            names.append(data[at:at + size - 4].rstrip(b"\0").decode("utf-8", "replace"))
+        at += size
+    recorded = {}
+    for output, (mtime, dependencies) in records.items():
+        if output >= len(names) or any(index >= len(names) for index in dependencies):
+            continue
+        target = names[output]
+        try:
+            if os.stat(os.path.join(build_dir, target)).st_mtime_ns > mtime:
+                continue  # rebuilt since its dependencies were recorded
+        except OSError:
+            continue
+        recorded[os.path.normpath(target)] = [
+            os.path.normpath(os.path.join(build_dir, names[index])) for index in dependencies]
     return recorded
 
 
