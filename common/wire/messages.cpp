@@ -397,19 +397,7 @@ std::string encode_engine_core_outputs(std::int64_t engine_index, const UtilityO
   return buffer.take();
 }
 
-tl::expected<EngineCoreOutputs, std::string> decode_engine_core_outputs(
-    std::string_view frame, const DecodeLimits& limits) {
-  auto handle = decode(frame, limits);
-  if (!handle) return fail(handle.error());
-  const msgpack::object& array = handle->get();
-  if (array.type != msgpack::type::ARRAY || array.via.array.size < 5) {
-    return fail("EngineCoreOutputs is not an array of at least 5 fields");
-  }
-  const msgpack::object* fields = array.via.array.ptr;
-  EngineCoreOutputs outputs;
-  outputs.engine_index = as_int64(fields[0]).value_or(0);
-  const msgpack::object& utility = fields[4];
-  if (is_nil(utility)) return outputs;
+tl::expected<UtilityOutput, std::string> decode_utility_output(const msgpack::object& utility) {
   if (utility.type != msgpack::type::ARRAY || utility.via.array.size < 3) {
     return fail("utility_output is not an array of 3");
   }
@@ -429,7 +417,25 @@ tl::expected<EngineCoreOutputs, std::string> decode_engine_core_outputs(
   } else if (!is_nil(result)) {
     return fail("utility result is neither nil nor [type_info, value]");
   }
-  outputs.utility_output = std::move(output);
+  return output;
+}
+
+tl::expected<EngineCoreOutputs, std::string> decode_engine_core_outputs(
+    std::string_view frame, const DecodeLimits& limits) {
+  auto handle = decode(frame, limits);
+  if (!handle) return fail(handle.error());
+  const msgpack::object& array = handle->get();
+  if (array.type != msgpack::type::ARRAY || array.via.array.size < 5) {
+    return fail("EngineCoreOutputs is not an array of at least 5 fields");
+  }
+  const msgpack::object* fields = array.via.array.ptr;
+  EngineCoreOutputs outputs;
+  outputs.engine_index = as_int64(fields[0]).value_or(0);
+  const msgpack::object& utility = fields[4];
+  if (is_nil(utility)) return outputs;
+  auto output = decode_utility_output(utility);
+  if (!output) return fail(output.error());
+  outputs.utility_output = std::move(*output);
   return outputs;
 }
 

@@ -127,6 +127,9 @@ struct UtilityOutput {
   std::string value_msgpack = std::string(1, '\xc0');  // the returned value; nil for None
 };
 
+// The utility_output field of an EngineCoreOutputs.
+tl::expected<UtilityOutput, std::string> decode_utility_output(const msgpack::object& utility);
+
 // EngineCoreOutputs as a positional array of `fields` (>= 5) entries; only a utility reply.
 // 8 is what msgspec writes for current engines: array_like structs carry every field.
 std::string encode_engine_core_outputs(std::int64_t engine_index, const UtilityOutput& output,
