@@ -113,6 +113,7 @@ tl::expected<std::unique_ptr<EngineClient>, std::string> EngineClient::create(
     bind_or_throw(io.output, plan->output_bind, "output");
     io.input = make_socket(io.context, zmq::socket_type::router, plan->input_bind);
     io.input.set(zmq::sockopt::router_mandatory, 1);
+    io.input.set(zmq::sockopt::sndhwm, 0);           // never block the IO thread on a full pipe
     io.input.set(zmq::sockopt::router_handover, 1);  // a restarted engine takes over its identity
     // A reconnected engine is routable once its ZeroMQ handshake succeeded: probe it then.
     io.input_monitor =
@@ -189,6 +190,37 @@ void EngineClient::Impl::submit(Submission submission) {
   }
   // The IO thread is gone: nobody else will ever answer these calls.
   fail_submission(submission, "engine client is shutting down");
+}
+
+void EngineClient::generate(Generation generation) {
+  {
+    std::lock_guard lock(impl_->queue_mutex);
+    if (!impl_->queue_closed) {
+      // One wake-up per batch: the IO thread takes the whole queue at once.
+      const bool first = impl_->generations.empty() && impl_->aborts.empty();
+      impl_->generations.push_back(std::move(generation));
+      if (first) impl_->wake();
+      return;
+    }
+  }
+  generation.sink->on_closed(Closed::kShutdown, "engine client is shutting down");
+}
+
+void EngineClient::abort(std::vector<std::string> request_ids) {
+  std::lock_guard lock(impl_->queue_mutex);
+  if (impl_->queue_closed || request_ids.empty()) return;
+  const bool first = impl_->generations.empty() && impl_->aborts.empty();
+  impl_->aborts.insert(impl_->aborts.end(), std::make_move_iterator(request_ids.begin()),
+                       std::make_move_iterator(request_ids.end()));
+  if (first) impl_->wake();
+}
+
+std::vector<EngineLoad> EngineClient::loads() const {
+  std::lock_guard lock(impl_->loads_mutex);
+  if (!impl_->published_loads.empty()) return impl_->published_loads;
+  std::vector<EngineLoad> idle(static_cast<std::size_t>(impl_->options.data_parallel_size));
+  for (std::size_t rank = 0; rank < idle.size(); ++rank) idle[rank].rank = static_cast<int>(rank);
+  return idle;
 }
 
 void EngineClient::Impl::run_on_io_thread(std::function<void()> command) {

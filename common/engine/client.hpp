@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/engine/engine_calls.hpp"
+#include "common/engine/engine_requests.hpp"
 #include "common/wire/messages.hpp"
 
 namespace vllmd::engine {
@@ -60,7 +61,7 @@ struct ClientOptions {
 
 struct Batch;
 
-class EngineClient final : public EngineCalls {
+class EngineClient final : public EngineCalls, public EngineRequests {
  public:
   static tl::expected<std::unique_ptr<EngineClient>, std::string> create(ClientOptions options);
   ~EngineClient() override;  // close()
@@ -109,6 +110,11 @@ class EngineClient final : public EngineCalls {
   // The same on some ranks only (replies in the order of `ranks`).
   void call_ranks_async(const std::vector<int>& ranks, std::string_view method,
                         const ArgParts& args, const CallOptions& options, Completion done) override;
+
+  // Generations (engine_requests.hpp): the sink hears the rest on the IO thread.
+  void generate(Generation generation) override;
+  void abort(std::vector<std::string> request_ids) override;
+  std::vector<EngineLoad> loads() const override;
 
   struct Impl;
 

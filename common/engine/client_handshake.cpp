@@ -179,6 +179,7 @@ void EngineClient::Impl::on_hello(EngineSlot& engine, int fd) {
   // Probes of the old process (callers' calls failed with mark_dead).
   fail_pending(rank, CallErrorKind::kUnavailable,
                "engine rank " + std::to_string(rank) + " restarted");
+  end_requests(rank, Closed::kEngineLost, "engine rank " + std::to_string(rank) + " restarted");
   try {
     handshake.send(zmq::buffer(engine.identity), zmq::send_flags::sndmore);
     handshake.send(zmq::buffer(init_message), zmq::send_flags::none);

@@ -14,6 +14,8 @@
 #include <zmq.hpp>
 
 #include "common/engine/client.hpp"
+#include "common/engine/engine_requests.hpp"
+#include "common/wire/generation_output.hpp"
 
 namespace vllmd::engine {
 
@@ -59,6 +61,8 @@ struct PendingCall {
 };
 
 constexpr std::size_t kDrainBatch = 256;  // messages per socket per round, for fairness
+// Frames of one output message: the EngineCoreOutputs and one per large logprob array.
+constexpr std::size_t kMaxOutputFrames = 1U << 16;
 
 // Receives one multipart message without blocking; extra frames beyond `frames` are dropped.
 inline bool receive(zmq::socket_t& socket, std::vector<zmq::message_t>& parts, std::size_t frames) {
@@ -107,6 +111,8 @@ struct EngineSlot {
   std::deque<std::uint64_t> timed_out_calls;  // a late reply to one of these revives the engine
   std::size_t calls_in_flight = 0;            // callers' calls, not probes
   std::size_t probes_in_flight = 0;
+  std::size_t requests_in_flight = 0;  // generations: not calls, they never hold a probe back
+  wire::SchedulerStats stats;          // from its latest scheduler_stats
   Clock::time_point next_probe = Clock::time_point::max();
 };
 
@@ -157,9 +163,28 @@ struct EngineClient::Impl {
   std::mutex queue_mutex;
   std::deque<Submission> queue;
   std::deque<std::function<void()>> commands;  // for the IO thread (mark_dead)
+  std::deque<Generation> generations;          // ADDs to send
+  std::vector<std::string> aborts;             // ids to abort
   bool queue_closed = false;                   // the IO thread has stopped taking submissions
 
+  // The engines' loads as of the IO thread's last round, for loads().
+  mutable std::mutex loads_mutex;
+  std::vector<EngineLoad> published_loads;
+
   // IO thread only.
+  struct InFlight {
+    int rank = 0;
+    std::shared_ptr<RequestSink> sink;
+  };
+  // Looked up by the string_view an output holds: no string is built per output.
+  struct IdHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view id) const { return std::hash<std::string_view>{}(id); }
+  };
+  // Generations, by engine request id.
+  using RequestTable = std::unordered_map<std::string, InFlight, IdHash, std::equal_to<>>;
+  RequestTable requests;
+  bool loads_changed = false;
   std::unordered_map<std::uint64_t, PendingCall> pending;
   std::size_t probes_pending = 0;
   std::atomic<std::size_t> pending_count{0};  // callers' pending calls after each IO round
@@ -185,16 +210,26 @@ struct EngineClient::Impl {
   void send_call(const Submission& submission, OutgoingCall& call);
   std::optional<std::string> refusal(const EngineSlot& engine, const CallOptions& call) const;
   int send_utility(EngineSlot& engine, zmq::message_t& payload);
+  int send_message(EngineSlot& engine, wire::RequestType type, zmq::message_t& payload);
   void add_pending(std::uint64_t call_id, PendingCall call);
   PendingCall take_pending(std::unordered_map<std::uint64_t, PendingCall>::iterator found);
   void drain_output();
   void on_core_dead(int fd);
-  void on_reply(const wire::EngineCoreOutputs& outputs, int fd);
+  void on_reply(const wire::UtilityOutput& reply, std::int64_t engine_index, int fd);
   void on_late_reply(std::uint64_t call_id);
   void fail_pending(int rank, CallErrorKind kind, const std::string& message);
   void expire(Clock::time_point now);
   int poll_timeout_ms(Clock::time_point now) const;
   void shut_down();
+
+  // Generations (client_requests.cpp).
+  void send_generation(Generation& generation);
+  InFlight take_request(RequestTable::iterator found);
+  EngineSlot* choose_engine(const std::optional<int>& rank, std::string& why);
+  void send_aborts(const std::vector<std::string>& ids);
+  void on_outputs(const wire::DecodedOutputs& decoded);
+  void end_requests(int rank, Closed why, const std::string& message);
+  void publish_loads();
 
   // Handshakes and connection events (client_handshake.cpp).
   void drain_input();

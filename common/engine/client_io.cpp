@@ -54,6 +54,7 @@ void EngineClient::Impl::run() {
       expire(now);
       send_probes(now);
       pending_count.store(pending.size() - probes_pending, std::memory_order_relaxed);
+      publish_loads();
     } catch (const zmq::error_t& error) {
       if (error.num() == ETERM) break;
       util::log::error("engine link: ", error.what());
@@ -78,15 +79,22 @@ int EngineClient::Impl::poll_timeout_ms(Clock::time_point now) const {
 void EngineClient::Impl::take_submissions() {
   std::deque<Submission> taken;
   std::deque<std::function<void()>> commands_taken;
+  std::deque<Generation> generations_taken;
+  std::vector<std::string> aborts_taken;
   {
     std::lock_guard lock(queue_mutex);
     taken.swap(queue);
     commands_taken.swap(commands);
+    generations_taken.swap(generations);
+    aborts_taken.swap(aborts);
   }
   for (auto& command : commands_taken) command();
   for (Submission& submission : taken) {
     for (OutgoingCall& call : submission.calls) send_call(submission, call);
   }
+  // Aborts after the ADDs taken with them: an abort may be for one of those.
+  for (Generation& generation : generations_taken) send_generation(generation);
+  if (!aborts_taken.empty()) send_aborts(aborts_taken);
 }
 
 // Why a call may not go to this engine now, if it may not.
@@ -128,13 +136,19 @@ void EngineClient::Impl::send_call(const Submission& submission, OutgoingCall& c
                                         submission.options, submission.deadline});
 }
 
-// Sends [identity][UTILITY][payload]; 0 or the errno. ROUTER_MANDATORY turns an unroutable
-// identity into EHOSTUNREACH instead of a silent drop.
 int EngineClient::Impl::send_utility(EngineSlot& engine, zmq::message_t& payload) {
-  static const std::uint8_t kUtility = static_cast<std::uint8_t>(wire::RequestType::kUtility);
+  return send_message(engine, wire::RequestType::kUtility, payload);
+}
+
+// Sends [identity][type][payload]; 0 or the errno. ROUTER_MANDATORY turns an unroutable
+// identity into EHOSTUNREACH instead of a silent drop; the input socket has no send
+// high-water mark (as vLLM's), so a send never blocks this thread behind one slow engine.
+int EngineClient::Impl::send_message(EngineSlot& engine, wire::RequestType type,
+                                     zmq::message_t& payload) {
+  const auto type_byte = static_cast<std::uint8_t>(type);
   try {
     input.send(zmq::buffer(engine.identity), zmq::send_flags::sndmore);
-    input.send(zmq::buffer(&kUtility, 1), zmq::send_flags::sndmore);
+    input.send(zmq::buffer(&type_byte, 1), zmq::send_flags::sndmore);
     input.send(payload, zmq::send_flags::none);
   } catch (const zmq::error_t& error) {
     return error.num();
@@ -171,26 +185,34 @@ PendingCall EngineClient::Impl::take_pending(
 
 void EngineClient::Impl::drain_output() {
   std::vector<zmq::message_t> parts;
-  for (std::size_t n = 0; n < kDrainBatch && receive(output, parts, 1); ++n) {
-    const std::string_view frame = view(parts[0]);
+  std::vector<std::string_view> frames;
+  for (std::size_t n = 0; n < kDrainBatch && receive(output, parts, kMaxOutputFrames); ++n) {
+    frames.clear();
+    for (const zmq::message_t& part : parts) frames.push_back(view(part));
     const int fd = source_fd(parts[0]);
-    if (frame == wire::kEngineCoreDead) {
+    if (frames[0] == wire::kEngineCoreDead) {
       on_core_dead(fd);
       continue;
     }
-    auto outputs = wire::decode_engine_core_outputs(frame, options.reply_limits);
-    if (!outputs) {
+    // Every frame of the message stays alive until its outputs are handed on.
+    auto decoded = wire::decode_outputs(frames, options.reply_limits);
+    if (!decoded) {
       for (EngineSlot& engine : engines) {
         if (engine.output_fd == fd && fd >= 0) {
-          fail_pending(engine.status.rank, CallErrorKind::kFailed,
-                       "engine rank " + std::to_string(engine.status.rank) +
-                           " sent an undecodable reply: " + outputs.error());
+          const std::string why = "engine rank " + std::to_string(engine.status.rank) +
+                                  " sent an undecodable message: " + decoded.error();
+          fail_pending(engine.status.rank, CallErrorKind::kFailed, why);
+          end_requests(engine.status.rank, Closed::kEngineLost, why);
         }
       }
-      util::log::warning("engine link: dropped an undecodable reply: ", outputs.error());
+      util::log::warning("engine link: dropped an undecodable message: ", decoded.error());
       continue;
     }
-    if (outputs->utility_output) on_reply(*outputs, fd);
+    if (decoded->utility_output) on_reply(*decoded->utility_output, decoded->engine_index, fd);
+    if (!decoded->outputs.empty() || decoded->scheduler_stats ||
+        !decoded->finished_requests.empty()) {
+      on_outputs(*decoded);
+    }
   }
 }
 
@@ -216,12 +238,11 @@ void EngineClient::Impl::on_core_dead(int fd) {
   }
 }
 
-void EngineClient::Impl::on_reply(const wire::EngineCoreOutputs& outputs, int fd) {
-  const wire::UtilityOutput& reply = *outputs.utility_output;
+void EngineClient::Impl::on_reply(const wire::UtilityOutput& reply, std::int64_t engine_index,
+                                  int fd) {
   if (is_unsolicited(reply.call_id)) {
     util::log::debug("engine link: ignoring an unsolicited utility output (call id ",
-                     static_cast<std::int64_t>(reply.call_id.bits), ") from engine ",
-                     outputs.engine_index);
+                     static_cast<std::int64_t>(reply.call_id.bits), ") from engine ", engine_index);
     return;
   }
   const auto found = reply.call_id.negative ? pending.end() : pending.find(reply.call_id.bits);
@@ -310,14 +331,24 @@ void fail_submission(Submission& submission, const std::string& message) {
 
 void EngineClient::Impl::shut_down() {
   std::deque<Submission> taken;
+  std::deque<Generation> generations_taken;
   {
     std::lock_guard lock(queue_mutex);
     taken.swap(queue);
+    generations_taken.swap(generations);
     commands.clear();
+    aborts.clear();
     queue_closed = true;
   }
   for (Submission& submission : taken)
     fail_submission(submission, "engine client is shutting down");
+  for (Generation& generation : generations_taken) {
+    generation.sink->on_closed(Closed::kShutdown, "engine client is shutting down");
+  }
+  for (const EngineSlot& engine : engines) {
+    end_requests(engine.status.rank, Closed::kShutdown, "engine client is shutting down");
+  }
+  publish_loads();
   for (auto& [id, call] : pending) {
     if (!call.batch) continue;
     call.batch->complete(call.index, tl::unexpected(CallError{CallErrorKind::kUnavailable,

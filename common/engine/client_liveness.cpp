@@ -56,8 +56,9 @@ void EngineClient::Impl::mark_dead(EngineSlot& engine, const std::string& reason
   // A timed-out engine may still be there: keep its connections for its revival.
   if (!by_timeout) engine.input_fd = engine.output_fd = engine.handshake_fd = -1;
   set_state(engine, EngineState::kDead, reason);
-  fail_pending(rank, CallErrorKind::kUnavailable,
-               "engine rank " + std::to_string(rank) + " is dead: " + reason);
+  const std::string why = "engine rank " + std::to_string(rank) + " is dead: " + reason;
+  fail_pending(rank, CallErrorKind::kUnavailable, why);
+  end_requests(rank, Closed::kEngineLost, why);
 }
 
 void EngineClient::Impl::mark_disconnected(EngineSlot& engine, const std::string& reason) {
@@ -67,8 +68,11 @@ void EngineClient::Impl::mark_disconnected(EngineSlot& engine, const std::string
   engine.input_fd = -1;
   const std::string status_reason = reason + "; waiting for it to reconnect";
   set_state(engine, EngineState::kDisconnected, status_reason);
-  fail_pending(rank, CallErrorKind::kUnavailable,
-               "engine rank " + std::to_string(rank) + " is disconnected (" + status_reason + ")");
+  const std::string why =
+      "engine rank " + std::to_string(rank) + " is disconnected (" + status_reason + ")";
+  fail_pending(rank, CallErrorKind::kUnavailable, why);
+  // It can no longer be told to abort them, and may be gone for good: end them now.
+  end_requests(rank, Closed::kEngineLost, why);
   // Not at once: the dropped connection's pipe may linger for a moment and swallow it.
   engine.next_probe = Clock::now() + kReconnectProbeEvery;  // after fail_pending, which sets it
 }

@@ -205,7 +205,7 @@ class GarbageFramesTest(harness.DaemonTestCase):
         self.assertLess(time.monotonic() - started, 1)
         self.assert_error(response, 500, "server_error", type_="server_error",
                           message_prefix="failed to call start_weight_update: engine rank 0 "
-                                         "sent an undecodable reply")
+                                         "sent an undecodable message")
         # No crash; the engine stays attached and the late real reply is dropped. The start
         # may have run (its answer was lost), so vllmd closed the session it may have opened.
         # That finish may itself meet one of the bad frames still in flight (then its outcome
@@ -229,7 +229,7 @@ class GarbageFramesTest(harness.DaemonTestCase):
         self.assert_json(daemon.post("/update_weight_version", json={"new_version": "g1"}), 200,
                          {"success": True, "new_version": "g1"})
         self.assert_json(daemon.get("/weight_info"), 200, {"weight_version": "g1"})
-        self.assertIn("dropped an undecodable reply", daemon.log())
+        self.assertIn("dropped an undecodable message", daemon.log())
         daemon.wait_no_pending_calls()
 
 

@@ -18,6 +18,7 @@
 #include "common/engine/client_impl.hpp"
 #include "common/wire/messages.hpp"
 #include "common/wire/msgpack_to_json.hpp"
+#include "tests/unit/engine/fake_engine.hpp"
 
 namespace {
 
@@ -30,118 +31,12 @@ using vllmd::engine::EngineReply;
 using vllmd::engine::EngineState;
 using vllmd::engine::EngineStatus;
 namespace wire = vllmd::wire;
+using vllmd::test::eventually;
+using vllmd::test::FakeEngine;
+using vllmd::test::make_client;
 
 const std::string kNoArgs = "\x90";
 const EngineClient::ArgParts kEmptyArgs = {kNoArgs};
-
-// Polls `predicate` every 5 ms for up to `timeout`.
-bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 5s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!predicate()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
-std::unique_ptr<EngineClient> make_client(ClientOptions options = {}) {
-  options.handshake_address = "tcp://127.0.0.1:0";
-  auto client = EngineClient::create(std::move(options));
-  REQUIRE_MESSAGE(client, (client ? "" : client.error()));
-  return std::move(*client);
-}
-
-// The engine side of the protocol, step by step, on its own sockets.
-class FakeEngine {
- public:
-  explicit FakeEngine(const EngineClient& client)
-      : handshake_address_(client.handshake_endpoint()) {}
-
-  void hello() {
-    handshake_ = dealer(handshake_address_);
-    send(handshake_, wire::encode_handshake_status({"HELLO", false, true}));
-    auto init = wire::decode_init(receive(handshake_, 5s).value());
-    REQUIRE(init);
-    input_address_ = init->inputs.front();
-    output_ = zmq::socket_t(context_, zmq::socket_type::push);
-    output_.set(zmq::sockopt::linger, 0);
-    output_.connect(init->outputs.front());
-  }
-
-  void register_and_ready() {
-    connect_input();
-    wire::Registration registration;
-    registration.empty = false;
-    registration.world_size = 1;
-    send(input_, wire::encode_registration(registration));
-    send(handshake_, wire::encode_handshake_status({"READY", false, true}));
-    handshake_.set(zmq::sockopt::linger, 1000);
-    handshake_.close();  // as vLLM does once READY is out
-  }
-
-  void start() {
-    hello();
-    register_and_ready();
-  }
-
-  // A new input connection under the same identity, as ZeroMQ's reconnect makes.
-  void connect_input() { input_ = dealer(input_address_); }
-  void drop_input() { input_.close(); }
-
-  // The next UTILITY request, if one comes within `timeout`.
-  std::optional<wire::UtilityRequest> next_call(std::chrono::milliseconds timeout) {
-    auto payload = receive(input_, timeout, 2);
-    if (!payload) return std::nullopt;
-    auto request = wire::decode_utility_request(*payload);
-    REQUIRE(request);
-    return *request;
-  }
-
-  void reply(wire::CallId call_id, std::string value_msgpack = "\xc0") {
-    wire::UtilityOutput output;
-    output.call_id = call_id;
-    output.value_msgpack = std::move(value_msgpack);
-    send_output(wire::encode_engine_core_outputs(0, output, 1234.5, 8));
-  }
-
-  void send_output(const std::string& frame) { send(output_, frame); }
-
- private:
-  zmq::socket_t dealer(const std::string& address) {
-    zmq::socket_t socket(context_, zmq::socket_type::dealer);
-    socket.set(zmq::sockopt::linger, 0);
-    socket.set(zmq::sockopt::routing_id, wire::engine_identity(0));
-    socket.connect(address);
-    return socket;
-  }
-
-  static void send(zmq::socket_t& socket, const std::string& frame) {
-    REQUIRE(socket.send(zmq::buffer(frame), zmq::send_flags::none));
-  }
-
-  // The last of the message's frames (a UTILITY request is [type][payload]).
-  static std::optional<std::string> receive(zmq::socket_t& socket,
-                                            std::chrono::milliseconds timeout,
-                                            std::size_t frames = 1) {
-    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, timeout) == 0) return std::nullopt;
-    std::string last;
-    for (std::size_t i = 0; i < frames; ++i) {
-      zmq::message_t frame;
-      REQUIRE(socket.recv(frame));
-      last = frame.to_string();
-      if (!frame.more()) break;
-    }
-    return last;
-  }
-
-  zmq::context_t context_;
-  std::string handshake_address_;
-  std::string input_address_;
-  zmq::socket_t handshake_;
-  zmq::socket_t input_;
-  zmq::socket_t output_;
-};
 
 // A client with one fake engine attached and ready.
 struct Attached {

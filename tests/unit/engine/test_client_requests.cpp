@@ -1,0 +1,311 @@
+// Generations through EngineClient (client_requests.cpp) against fake engines made of raw
+// ZeroMQ sockets: the ADD on the wire, outputs demultiplexed to each request's sink (logprobs
+// in extra frames included), aborts, engines lost mid-request, balancing and pinning, and the
+// liveness probe held back by outputs.
+
+#include <doctest/doctest.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/engine/client.hpp"
+#include "common/engine/client_impl.hpp"
+#include "common/wire/generation_output.hpp"
+#include "common/wire/generation_request.hpp"
+#include "tests/unit/engine/fake_engine.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using vllmd::engine::ClientOptions;
+using vllmd::engine::Closed;
+using vllmd::engine::EngineClient;
+using vllmd::engine::EngineState;
+using vllmd::engine::Generation;
+using vllmd::engine::RequestSink;
+using vllmd::test::eventually;
+using vllmd::test::FakeEngine;
+using vllmd::test::make_client;
+namespace wire = vllmd::wire;
+
+// What a sink heard, copied out of the views while they are valid.
+class RecordingSink final : public RequestSink {
+ public:
+  void on_sent(int rank) override {
+    std::lock_guard lock(mutex_);
+    rank_ = rank;
+  }
+  void on_output(const wire::OutputView& output) override {
+    std::lock_guard lock(mutex_);
+    CHECK_FALSE(ended_);
+    for (std::size_t i = 0; i < output.new_token_ids.size(); ++i) {
+      tokens_.push_back(output.new_token_ids[i]);
+    }
+    if (output.logprobs) {
+      for (std::size_t i = 0; i < output.logprobs->token_ids.size(); ++i) {
+        logprobs_.push_back(output.logprobs->logprobs.real(i));
+      }
+    }
+    if (output.finish_reason) {
+      finish_ = output.finish_reason;
+      ended_ = true;
+    }
+  }
+  void on_closed(Closed why, std::string_view message) override {
+    std::lock_guard lock(mutex_);
+    CHECK_FALSE(ended_);
+    closed_ = why;
+    message_ = message;
+    ended_ = true;
+  }
+
+  bool ended() const {
+    std::lock_guard lock(mutex_);
+    return ended_;
+  }
+  std::vector<std::int64_t> tokens() const {
+    std::lock_guard lock(mutex_);
+    return tokens_;
+  }
+  std::vector<double> logprobs() const {
+    std::lock_guard lock(mutex_);
+    return logprobs_;
+  }
+  std::optional<std::int64_t> finish() const {
+    std::lock_guard lock(mutex_);
+    return finish_;
+  }
+  std::optional<Closed> closed() const {
+    std::lock_guard lock(mutex_);
+    return closed_;
+  }
+  std::string message() const {
+    std::lock_guard lock(mutex_);
+    return message_;
+  }
+  std::optional<int> rank() const {
+    std::lock_guard lock(mutex_);
+    return rank_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::optional<int> rank_;
+  std::vector<std::int64_t> tokens_;
+  std::vector<double> logprobs_;
+  std::optional<std::int64_t> finish_;
+  std::optional<Closed> closed_;
+  std::string message_;
+  bool ended_ = false;
+};
+
+wire::EngineCoreRequest request(std::string id) {
+  wire::EngineCoreRequest request;
+  request.request_id = std::move(id);
+  request.prompt_token_ids = {1, 2, 3};
+  request.sampling_params = wire::SamplingParams{};
+  request.sampling_params->max_tokens = 4;
+  request.arrival_time = 1.5;
+  return request;
+}
+
+std::shared_ptr<RecordingSink> generate(EngineClient& client, std::string id,
+                                        std::optional<int> rank = std::nullopt) {
+  auto sink = std::make_shared<RecordingSink>();
+  client.generate(Generation{request(std::move(id)), rank, sink});
+  return sink;
+}
+
+wire::OutputToSend step(std::string id, std::vector<std::int64_t> tokens,
+                        std::optional<wire::FinishReason> finish = std::nullopt) {
+  wire::OutputToSend output;
+  output.request_id = std::move(id);
+  output.new_token_ids = std::move(tokens);
+  output.finish_reason = finish;
+  return output;
+}
+
+std::vector<std::string> message(std::vector<wire::OutputToSend> outputs, int engine_index = 0,
+                                 std::size_t threshold = 256) {
+  wire::OutputsToSend message;
+  message.engine_index = engine_index;
+  message.outputs = std::move(outputs);
+  return wire::encode_outputs(message, {.zero_copy_threshold = threshold});
+}
+
+// The ADD the engine received next, decoded.
+wire::EngineCoreRequest next_add(
+    FakeEngine& engine, const wire::RequestLayout& layout = wire::newest_request_layout()) {
+  auto received = engine.next_message(5s);
+  REQUIRE(received);
+  REQUIRE(received->first == wire::RequestType::kAdd);
+  auto decoded = wire::decode_engine_core_request(received->second, layout);
+  REQUIRE(decoded);
+  return *decoded;
+}
+
+struct Attached {
+  explicit Attached(ClientOptions options = {}, int engines = 1)
+      : client([&] {
+          options.data_parallel_size = engines;
+          return make_client(std::move(options));
+        }()) {
+    for (int rank = 0; rank < engines; ++rank) {
+      fakes.push_back(std::make_unique<FakeEngine>(*client, rank));
+      fakes.back()->start();
+    }
+    REQUIRE(client->wait_all_ready(5s));
+  }
+  std::unique_ptr<EngineClient> client;
+  std::vector<std::unique_ptr<FakeEngine>> fakes;
+};
+
+}  // namespace
+
+TEST_CASE("an ADD reaches the engine, and its outputs reach the sink step by step") {
+  Attached link;
+  auto sink = generate(*link.client, "req-a");
+  CHECK(next_add(*link.fakes[0]) == request("req-a"));
+  CHECK(eventually([&] { return sink->rank() == 0; }));
+  CHECK(link.client->pending_calls() == 0);  // a generation is no utility call
+  CHECK(link.client->loads()[0].requests_in_flight == 1);
+
+  link.fakes[0]->send_frames(message({step("req-a", {7})}));
+  link.fakes[0]->send_frames(message({step("req-a", {8, 9})}));
+  // The last step's logprobs in extra frames (threshold 1), as a real engine sends large ones.
+  wire::OutputToSend last = step("req-a", {10}, wire::FinishReason::kLength);
+  last.logprobs = wire::LogprobRows{1, 2, {10, 11}, {-0.5F, -1.5F}, {1}};
+  const auto frames = message({last}, 0, 1);
+  REQUIRE(frames.size() == 4);
+  link.fakes[0]->send_frames(frames);
+  REQUIRE(eventually([&] { return sink->ended(); }));
+  CHECK(sink->tokens() == std::vector<std::int64_t>{7, 8, 9, 10});
+  CHECK(sink->finish() == 1);
+  CHECK(sink->logprobs() == std::vector<double>{-0.5, -1.5});
+  CHECK(eventually([&] { return link.client->loads()[0].requests_in_flight == 0; }));
+}
+
+TEST_CASE("outputs for ids not in flight are dropped; requests are told apart by id") {
+  Attached link;
+  auto first = generate(*link.client, "one");
+  auto second = generate(*link.client, "two");
+  (void)next_add(*link.fakes[0]);
+  (void)next_add(*link.fakes[0]);
+  link.fakes[0]->send_frames(message(
+      {step("stranger", {1}), step("two", {5}), step("one", {4}, wire::FinishReason::kStop)}));
+  REQUIRE(eventually([&] { return first->ended(); }));
+  // Outputs after the finish, and for an id never sent, go nowhere.
+  link.fakes[0]->send_frames(
+      message({step("one", {99}), step("two", {6}, wire::FinishReason::kLength)}));
+  REQUIRE(eventually([&] { return second->ended(); }));
+  CHECK(first->tokens() == std::vector<std::int64_t>{4});
+  CHECK(first->finish() == 0);
+  CHECK(second->tokens() == std::vector<std::int64_t>{5, 6});
+}
+
+TEST_CASE("abort closes the sink at once and sends the engine one ABORT with the ids") {
+  Attached link;
+  auto a = generate(*link.client, "a");
+  auto b = generate(*link.client, "b");
+  auto c = generate(*link.client, "c");
+  for (int i = 0; i < 3; ++i) (void)next_add(*link.fakes[0]);
+  link.client->abort({"a", "c", "never-sent"});
+  REQUIRE(eventually([&] { return a->ended() && c->ended(); }));
+  CHECK(a->closed() == Closed::kAborted);
+  CHECK(c->closed() == Closed::kAborted);
+  auto abort = link.fakes[0]->next_message(5s);
+  REQUIRE(abort);
+  CHECK(abort->first == wire::RequestType::kAbort);
+  CHECK(wire::decode_abort(abort->second).value() == std::vector<std::string>{"a", "c"});
+  // b goes on; a late output for a is dropped.
+  link.fakes[0]->send_frames(message({step("a", {1}), step("b", {2}, wire::FinishReason::kStop)}));
+  REQUIRE(eventually([&] { return b->ended(); }));
+  CHECK(a->tokens().empty());
+  CHECK(b->tokens() == std::vector<std::int64_t>{2});
+}
+
+TEST_CASE("an engine's death ends its requests, and a duplicate id or a bad rank is refused") {
+  Attached link;
+  auto sink = generate(*link.client, "x");
+  (void)next_add(*link.fakes[0]);
+  auto duplicate = generate(*link.client, "x");
+  REQUIRE(eventually([&] { return duplicate->ended(); }));
+  CHECK(duplicate->closed() == Closed::kRefused);
+  CHECK(duplicate->message().find("already in flight") != std::string::npos);
+  auto out_of_range = generate(*link.client, "y", 3);
+  REQUIRE(eventually([&] { return out_of_range->ended(); }));
+  CHECK(out_of_range->closed() == Closed::kRefused);
+  CHECK(out_of_range->message().find("out of range") != std::string::npos);
+
+  link.fakes[0]->send_output(std::string(wire::kEngineCoreDead));
+  REQUIRE(eventually([&] { return sink->ended(); }));
+  CHECK(sink->closed() == Closed::kEngineLost);
+  CHECK(sink->message().find("engine rank 0 is dead") != std::string::npos);
+  // With no engine ready, a new request is refused at once rather than left waiting.
+  auto late = generate(*link.client, "z");
+  REQUIRE(eventually([&] { return late->ended(); }));
+  CHECK(late->closed() == Closed::kRefused);
+  CHECK(late->message().find("no engine is ready") != std::string::npos);
+}
+
+TEST_CASE("requests go to the least loaded engine, by in-flight count and scheduler stats") {
+  Attached link({}, 2);
+  auto first = generate(*link.client, "r0");
+  CHECK(next_add(*link.fakes[0]).request_id == "r0");  // a tie: the lower rank
+  auto second = generate(*link.client, "r1");
+  CHECK(next_add(*link.fakes[1]).request_id == "r1");
+  // Rank 1 reports a long queue: the next two go to rank 0.
+  wire::OutputsToSend stats;
+  stats.engine_index = 1;
+  stats.scheduler_stats = wire::SchedulerStats{4, 6};
+  link.fakes[1]->send_frames(wire::encode_outputs(stats));
+  REQUIRE(eventually([&] { return link.client->loads()[1].waiting == 6; }));
+  auto third = generate(*link.client, "r2");
+  CHECK(next_add(*link.fakes[0]).request_id == "r2");
+  // Pinned to rank 1 whatever its load.
+  auto pinned = generate(*link.client, "r3", 1);
+  CHECK(next_add(*link.fakes[1]).request_id == "r3");
+  CHECK(eventually([&] { return pinned->rank() == 1; }));
+  CHECK(vllmd::engine::load_score({0, 2, 0, 0}) == 2);
+  CHECK(vllmd::engine::load_score({1, 2, 4, 6}) == 28);
+}
+
+TEST_CASE("outputs count as signs of life: a streaming engine is not probed") {
+  ClientOptions options;
+  options.probe_interval = 400ms;
+  options.probe_timeout = 5s;
+  Attached link(options);
+  auto sink = generate(*link.client, "s");
+  (void)next_add(*link.fakes[0]);
+  // 1.2 s of outputs every 40 ms: idle, the engine would have had two or three probes.
+  int probes = 0;
+  for (int i = 0; i < 30; ++i) {
+    link.fakes[0]->send_frames(message({step("s", {i})}));
+    if (auto received = link.fakes[0]->next_message(40ms)) {
+      probes += received->first == wire::RequestType::kUtility ? 1 : 0;
+    }
+  }
+  CHECK(probes == 0);
+  CHECK(link.client->engines()[0].state == EngineState::kReady);
+  CHECK(eventually([&] { return sink->tokens().size() == 30; }));
+  // Idle again, it is probed.
+  auto probe = link.fakes[0]->next_message(2s);
+  REQUIRE(probe);
+  CHECK(probe->first == wire::RequestType::kUtility);
+}
+
+TEST_CASE("the ADD follows the layout of the engine's registered vLLM version") {
+  auto client = make_client();
+  FakeEngine engine(*client);
+  engine.vllm_version = "0.19.1";
+  engine.start();
+  REQUIRE(client->wait_all_ready(5s));
+  auto sink = std::make_shared<RecordingSink>();
+  wire::EngineCoreRequest sent = request("old");
+  sent.priority = 2;
+  client->generate(Generation{sent, std::nullopt, sink});
+  const wire::RequestLayout& older = wire::request_layout_for(std::string("0.19.1"));
+  CHECK(older.name == "2025");
+  CHECK(next_add(engine, older) == sent);
+}
