@@ -1,0 +1,57 @@
+#pragma once
+// POST /inference/v1/generate's body (docs/http-api.md): validated, then lowered into the
+// engine's SamplingParams as vLLM's Rust frontend lowers them (lower_sampling_params). Every
+// 400 names its parameter; a request that fails here reaches no engine. Keys only a
+// detokenizer or vLLM's output processor reads (detokenize, skip_special_tokens,
+// include_stop_str_in_output, output_kind, return_token_ids, ...) and unknown keys are
+// accepted and ignored; stop strings, bad_words and multimodal input are refused, since
+// vllmd has no tokenizer.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tl/expected.hpp>
+#include <vector>
+
+#include "common/api/errors.hpp"
+#include "common/wire/generation_request.hpp"
+
+namespace vllmd::api {
+
+// What vllmd knows of the model it serves: config.json and generation_config.json of --model,
+// and the engines' registrations. Without --model only the name and max_model_len are known:
+// no EOS (unless a request names stop ids) and no vocabulary check.
+struct ModelInfo {
+  std::string name;                               // the served model name
+  std::optional<std::int64_t> vocab_size;         // config.json vocab_size
+  std::optional<std::int64_t> eos_token_id;       // the primary EOS
+  std::vector<std::int64_t> extra_eos_token_ids;  // the other EOS ids (generation_config.json)
+  // generation_config.json's sampling defaults, used where a request sets nothing.
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<std::int64_t> top_k;
+  std::optional<double> min_p;
+  std::optional<double> repetition_penalty;
+  std::optional<std::int64_t> max_new_tokens;
+  std::optional<std::int64_t> max_model_len;  // the smallest any engine registered
+  std::int64_t max_logprobs = 20;             // vLLM's --max-logprobs default
+};
+
+struct GenerateRequest {
+  std::vector<std::int64_t> token_ids;
+  wire::SamplingParams sampling;                // lowered: what the engine gets
+  std::optional<std::int64_t> logprobs;         // top-k asked per sampled token (-1: all)
+  std::optional<std::int64_t> prompt_logprobs;  // likewise per prompt token
+  std::optional<std::string> request_id;        // the body's
+  std::optional<std::string> cache_salt;
+  std::int64_t priority = 0;
+  bool stream = false;
+  bool include_usage = false;           // stream_options.include_usage
+  bool continuous_usage_stats = false;  // stream_options.continuous_usage_stats
+};
+
+tl::expected<GenerateRequest, ApiError> parse_generate_request(std::string_view body,
+                                                               const ModelInfo& model);
+
+}  // namespace vllmd::api
