@@ -129,6 +129,10 @@ void define_engine_flags(CLI::App& app, Flags& flags) {
   app.add_option("--vllm-version", options.vllm_version, "vllm_version in the registration")
       ->type_name("STR")
       ->capture_default_str();
+  app.add_option("--max-model-len", options.max_model_len,
+                 "max_model_len in the registration: the longest prompt plus output")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--log-level", flags.log_level, "trace|debug|info|notice|warning|error")
       ->type_name("LEVEL")
       ->check(CLI::Validator(

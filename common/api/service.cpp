@@ -240,13 +240,21 @@ void WeightSyncService::session_status(const CallPtr&, const Done& done) {
 }
 
 // The OpenAI model list vLLM serves, with the one model the engines serve: clients (TRL's)
-// call it when they are created.
+// call it when they are created, and read max_model_len as their token budget. It is the
+// smallest any engine registered (null before one did, or from engines too old to say).
 void WeightSyncService::models(const CallPtr&, const Done& done) {
   const std::string name = wire::json_string(options_.served_model_name);
   const std::string created = std::to_string(started_at_);
+  std::optional<std::int64_t> max_model_len;
+  for (const engine::EngineStatus& engine : engines_.engines()) {
+    if (const auto& length = engine.registration.max_model_len) {
+      max_model_len = std::min(max_model_len.value_or(*length), *length);
+    }
+  }
+  const std::string length = max_model_len ? std::to_string(*max_model_len) : "null";
   done({200, R"({"object":"list","data":[{"id":)" + name + R"(,"object":"model","created":)" +
                  created + R"(,"owned_by":"vllm","root":)" + name +
-                 R"(,"parent":null,"max_model_len":null,"permission":[]}]})"});
+                 R"(,"parent":null,"max_model_len":)" + length + R"(,"permission":[]}]})"});
 }
 
 void WeightSyncService::server_info(const CallPtr& call, const Done& done) {

@@ -180,6 +180,7 @@ class FrontendConnection {
     registration.decode_context_parallel_size = 1;
     registration.data_parallel_rank = options_.rank;
     registration.vllm_version = options_.vllm_version;
+    registration.max_model_len = options_.max_model_len;
     if (options_.backend != Backend::kNone) {
       registration.weight_transfer_backend = std::string(backend_name(options_.backend));
     }

@@ -62,6 +62,7 @@ struct ReferenceEngineOptions {
   bool insecure_serialization = true;  // as with VLLM_ALLOW_INSECURE_SERIALIZATION=1
   int running_requests = 0;            // requests holding KV blocks from the start (ReferenceCore)
   std::string vllm_version = "0.0.0+reference";
+  std::int64_t max_model_len = 4096;  // registered, as a real engine registers its model's
   Faults faults;
   std::function<void(const ReceivedCall&)> on_call;  // called before the call is handled
   std::function<void(const DpGroup&)> on_dp_group;   // called once the DP group formed

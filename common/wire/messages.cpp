@@ -277,6 +277,7 @@ std::string encode_registration(const Registration& registration) {
     pack_optional_int(packer, "decode_context_parallel_size",
                       registration.decode_context_parallel_size, count, write);
     pack_optional_int(packer, "data_parallel_rank", registration.data_parallel_rank, count, write);
+    pack_optional_int(packer, "max_model_len", registration.max_model_len, count, write);
     if (registration.vllm_version) {
       if (write) {
         pack_str(packer, "vllm_version");
@@ -323,6 +324,7 @@ tl::expected<Registration, std::string> decode_registration(std::string_view fra
   registration.decode_context_parallel_size = int_field(map, "decode_context_parallel_size");
   registration.data_parallel_rank = int_field(map, "data_parallel_rank");
   registration.vllm_version = str_field(map, "vllm_version");
+  registration.max_model_len = int_field(map, "max_model_len");
   registration.weight_transfer_backend = str_field(map, "weight_transfer_backend");
   if (const msgpack::object* draft = find_key(map, "supports_draft_weight_updates")) {
     registration.supports_draft_weight_updates = as_bool(*draft);

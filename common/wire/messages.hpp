@@ -88,6 +88,7 @@ struct Registration {
   std::optional<std::int64_t> decode_context_parallel_size;
   std::optional<std::int64_t> data_parallel_rank;
   std::optional<std::string> vllm_version;
+  std::optional<std::int64_t> max_model_len;  // the longest sequence (prompt and output) it takes
   std::optional<std::string> weight_transfer_backend;
   std::optional<bool> supports_draft_weight_updates;
 };

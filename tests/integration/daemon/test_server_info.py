@@ -25,6 +25,15 @@ class ModelsTest(harness.DaemonTestCase):
         self.assertEqual(model["object"], "model")
         self.assertEqual(model["owned_by"], "vllm")
         self.assertIsInstance(model["created"], int)
+        self.assertEqual(model["max_model_len"], 4096)  # the embedded engine's registration
+
+    def test_v1_models_reports_the_smallest_max_model_len_any_engine_registered(self):
+        # TRL reads it as the token budget of every rollout: it must fit every engine.
+        daemon, _, _ = self.start_external(dp=2, engine_extra={
+            0: ["--max-model-len", "2048"], 1: ["--max-model-len", "1024"]})
+        response = daemon.get("/v1/models")
+        self.assertEqual(response.status_code, 200, response.text)
+        self.assertEqual(response.json()["data"][0]["max_model_len"], 1024)
 
     def test_v1_models_needs_the_api_key_when_one_is_set(self):
         daemon = self.start_daemon(["--api-key", "sk-test"])

@@ -791,6 +791,7 @@ TEST_CASE("registration frames") {
     CHECK(registration->pipeline_parallel_size == 2);
     CHECK(registration->data_parallel_rank == 1);
     CHECK(registration->vllm_version == "0.11.1");
+    CHECK(registration->max_model_len == 4096);
     CHECK(registration->weight_transfer_backend == "nccl");
     CHECK(registration->supports_draft_weight_updates == true);
   }
@@ -832,6 +833,7 @@ TEST_CASE("registration frames") {
     full.decode_context_parallel_size = 1;
     full.data_parallel_rank = 3;
     full.vllm_version = "0.11.1rc2";
+    full.max_model_len = 131072;
     full.weight_transfer_backend = "ipc";
     full.supports_draft_weight_updates = false;
     auto decoded = decode_registration(encode_registration(full));
@@ -843,6 +845,7 @@ TEST_CASE("registration frames") {
     CHECK(decoded->pipeline_parallel_size == 2);
     CHECK(decoded->decode_context_parallel_size == 1);
     CHECK(decoded->data_parallel_rank == 3);
+    CHECK(decoded->max_model_len == 131072);
     CHECK(decoded->vllm_version == "0.11.1rc2");
     CHECK(decoded->weight_transfer_backend == "ipc");
     CHECK(decoded->supports_draft_weight_updates == false);
