@@ -24,37 +24,22 @@ std::string number_text(double value) {
   return text;
 }
 
-// A member of a JSON object (as msgpack); null reads as absent, as pydantic's defaults do.
-const Object* member(const Object& object, std::string_view key) {
-  const Object* value = wire::find_key(object, key);
-  return value == nullptr || wire::is_nil(*value) ? nullptr : value;
-}
-
-std::optional<double> as_number(const Object& object) {
-  if (object.type == msgpack::type::FLOAT64 || object.type == msgpack::type::FLOAT32) {
-    return object.via.f64;
-  }
-  if (auto value = wire::as_int64(object)) return static_cast<double>(*value);
-  if (object.type == msgpack::type::POSITIVE_INTEGER) return static_cast<double>(object.via.u64);
-  return std::nullopt;
-}
-
 // The sampling fields, each read with its own param name ("sampling_params.temperature").
 class Sampling {
  public:
   explicit Sampling(const Object& object) : object_(object) {}
 
   tl::expected<std::optional<double>, ApiError> number(std::string_view key) const {
-    const Object* value = member(object_, key);
+    const Object* value = wire::find_value(object_, key);
     if (value == nullptr) return std::nullopt;
-    auto number = as_number(*value);
+    auto number = wire::as_double(*value);
     if (!number || !std::isfinite(*number))
       return bad(param(key), param(key) + " must be a number");
     return number;
   }
 
   tl::expected<std::optional<std::int64_t>, ApiError> integer(std::string_view key) const {
-    const Object* value = member(object_, key);
+    const Object* value = wire::find_value(object_, key);
     if (value == nullptr) return std::nullopt;
     if (value->type == msgpack::type::POSITIVE_INTEGER && !wire::as_int64(*value)) {
       return std::numeric_limits<std::int64_t>::max();  // huge: callers clamp or refuse it
@@ -65,7 +50,7 @@ class Sampling {
   }
 
   tl::expected<std::optional<bool>, ApiError> flag(std::string_view key) const {
-    const Object* value = member(object_, key);
+    const Object* value = wire::find_value(object_, key);
     if (value == nullptr) return std::nullopt;
     auto flag = wire::as_bool(*value);
     if (!flag) return bad(param(key), param(key) + " must be a boolean");
@@ -73,7 +58,7 @@ class Sampling {
   }
 
   tl::expected<std::optional<std::vector<std::int64_t>>, ApiError> ids(std::string_view key) const {
-    const Object* value = member(object_, key);
+    const Object* value = wire::find_value(object_, key);
     if (value == nullptr) return std::nullopt;
     if (value->type != msgpack::type::ARRAY) {
       return bad(param(key), param(key) + " must be a list of token ids");
@@ -89,7 +74,7 @@ class Sampling {
     return ids;
   }
 
-  const Object* raw(std::string_view key) const { return member(object_, key); }
+  const Object* raw(std::string_view key) const { return wire::find_value(object_, key); }
   static std::string param(std::string_view key) { return "sampling_params." + std::string(key); }
 
  private:
@@ -144,7 +129,7 @@ tl::expected<void, ApiError> logprob_count(std::string_view key,
 tl::expected<void, ApiError> refuse_text_input(const Object& root, const Object& sampling) {
   constexpr std::string_view kNoTokenizer =
       "vllmd has no tokenizer: it takes and returns token ids only";
-  if (const Object* stop = member(sampling, "stop")) {
+  if (const Object* stop = wire::find_value(sampling, "stop")) {
     const bool empty = (stop->type == msgpack::type::ARRAY && stop->via.array.size == 0) ||
                        (stop->type == msgpack::type::STR && stop->via.str.size == 0);
     if (!empty) {
@@ -152,17 +137,17 @@ tl::expected<void, ApiError> refuse_text_input(const Object& root, const Object&
                  std::string(kNoTokenizer) + "; stop strings need one: use stop_token_ids");
     }
   }
-  if (const Object* words = member(sampling, "bad_words")) {
+  if (const Object* words = wire::find_value(sampling, "bad_words")) {
     if (words->type != msgpack::type::ARRAY || words->via.array.size != 0) {
       return bad("sampling_params.bad_words", std::string(kNoTokenizer) + "; bad_words need one");
     }
   }
   for (std::string_view key : {"features", "content_parts", "multi_modal_data"}) {
-    if (member(root, key) != nullptr) {
+    if (wire::find_value(root, key) != nullptr) {
       return bad(key, std::string(kNoTokenizer) + "; multimodal input is not supported");
     }
   }
-  if (const Object* mode = member(root, "output_mode")) {
+  if (const Object* mode = wire::find_value(root, "output_mode")) {
     if (wire::as_str(*mode) != "tokens") {
       return bad("output_mode", std::string(kNoTokenizer) + "; output_mode must be \"tokens\"");
     }
@@ -173,7 +158,7 @@ tl::expected<void, ApiError> refuse_text_input(const Object& root, const Object&
 // The merged extra_args map: vllm_xargs, then kv_transfer_params and ec_transfer_params.
 std::string extra_args(const Object& root, const Object& sampling) {
   std::vector<std::pair<std::string_view, const Object*>> entries;
-  if (const Object* xargs = member(sampling, "vllm_xargs");
+  if (const Object* xargs = wire::find_value(sampling, "vllm_xargs");
       xargs != nullptr && xargs->type == msgpack::type::MAP) {
     for (std::uint32_t i = 0; i < xargs->via.map.size; ++i) {
       if (auto key = wire::as_str(xargs->via.map.ptr[i].key)) {
@@ -182,7 +167,7 @@ std::string extra_args(const Object& root, const Object& sampling) {
     }
   }
   for (std::string_view key : {"kv_transfer_params", "ec_transfer_params"}) {
-    if (const Object* value = member(root, key)) entries.emplace_back(key, value);
+    if (const Object* value = wire::find_value(root, key)) entries.emplace_back(key, value);
   }
   if (entries.empty()) return {};
   wire::StringBuffer buffer;
@@ -200,7 +185,6 @@ std::string extra_args(const Object& root, const Object& sampling) {
 tl::expected<void, ApiError> read_sampling(const Sampling& in, const ModelInfo& model,
                                            GenerateRequest& out) {
   wire::SamplingParams& p = out.sampling;
-  auto fail_on = [](const auto& result) { return !result.has_value(); };
   auto temperature = in.number("temperature");
   auto top_p = in.number("top_p");
   auto min_p = in.number("min_p");
@@ -208,7 +192,7 @@ tl::expected<void, ApiError> read_sampling(const Sampling& in, const ModelInfo& 
   auto presence = in.number("presence_penalty");
   auto repetition = in.number("repetition_penalty");
   for (auto* result : {&temperature, &top_p, &min_p, &frequency, &presence, &repetition}) {
-    if (fail_on(*result)) return tl::unexpected(result->error());
+    if (!result->has_value()) return tl::unexpected(result->error());
   }
   if (auto ok = in_range("temperature", *temperature, 0, 2, false, "[0, 2]"); !ok) return ok;
   if (auto ok = in_range("top_p", *top_p, 0, 1, true, "(0, 1]"); !ok) return ok;
@@ -259,7 +243,7 @@ tl::expected<void, ApiError> read_sampling(const Sampling& in, const ModelInfo& 
   auto logprobs = in.integer("logprobs");
   auto prompt_logprobs = in.integer("prompt_logprobs");
   for (auto* result : {&max_tokens, &min_tokens, &logprobs, &prompt_logprobs}) {
-    if (fail_on(*result)) return tl::unexpected(result->error());
+    if (!result->has_value()) return tl::unexpected(result->error());
   }
   if (*max_tokens && **max_tokens < 1) {
     return bad(Sampling::param("max_tokens"),
@@ -346,7 +330,7 @@ tl::expected<void, ApiError> lower(const ModelInfo& model, GenerateRequest& out)
 
 tl::expected<void, ApiError> read_top_level(const Object& root, const ModelInfo& model,
                                             GenerateRequest& out) {
-  if (const Object* name = member(root, "model")) {
+  if (const Object* name = wire::find_value(root, "model")) {
     auto text = wire::as_str(*name);
     if (!text) return bad("model", "model must be a string");
     if (*text != model.name) {
@@ -358,7 +342,7 @@ tl::expected<void, ApiError> read_top_level(const Object& root, const ModelInfo&
       return tl::unexpected(error);
     }
   }
-  const Object* ids = member(root, "token_ids");
+  const Object* ids = wire::find_value(root, "token_ids");
   if (ids == nullptr) return bad("token_ids", "token_ids is required");
   if (ids->type != msgpack::type::ARRAY)
     return bad("token_ids", "token_ids must be a list of token ids");
@@ -374,12 +358,12 @@ tl::expected<void, ApiError> read_top_level(const Object& root, const ModelInfo&
   }
   if (auto ok = in_vocabulary("token_ids", "prompt", out.token_ids, model); !ok) return ok;
 
-  if (const Object* stream = member(root, "stream")) {
+  if (const Object* stream = wire::find_value(root, "stream")) {
     auto flag = wire::as_bool(*stream);
     if (!flag) return bad("stream", "stream must be a boolean");
     out.stream = *flag;
   }
-  if (const Object* options = member(root, "stream_options")) {
+  if (const Object* options = wire::find_value(root, "stream_options")) {
     if (!out.stream) {
       return bad("stream_options", "stream_options are only supported when stream=true.");
     }
@@ -388,7 +372,7 @@ tl::expected<void, ApiError> read_top_level(const Object& root, const ModelInfo&
     }
     for (auto [key, field] : {std::pair{"include_usage", &out.include_usage},
                               std::pair{"continuous_usage_stats", &out.continuous_usage_stats}}) {
-      if (const Object* value = member(*options, key)) {
+      if (const Object* value = wire::find_value(*options, key)) {
         auto flag = wire::as_bool(*value);
         if (!flag)
           return bad(std::string("stream_options.") + key, std::string(key) + " must be a boolean");
@@ -400,19 +384,19 @@ tl::expected<void, ApiError> read_top_level(const Object& root, const ModelInfo&
                  "continuous_usage_stats needs include_usage");
     }
   }
-  if (const Object* id = member(root, "request_id")) {
+  if (const Object* id = wire::find_value(root, "request_id")) {
     auto text = wire::as_str(*id);
     if (!text || text->empty()) return bad("request_id", "request_id must be a non-empty string");
     out.request_id = std::string(*text);
   }
-  if (const Object* salt = member(root, "cache_salt")) {
+  if (const Object* salt = wire::find_value(root, "cache_salt")) {
     auto text = wire::as_str(*salt);
     if (!text || text->empty() || text->size() > 1024) {
       return bad("cache_salt", "cache_salt must be a string of 1 to 1024 characters");
     }
     out.cache_salt = std::string(*text);
   }
-  if (const Object* priority = member(root, "priority")) {
+  if (const Object* priority = wire::find_value(root, "priority")) {
     auto value = wire::as_int64(*priority);
     if (!value) return bad("priority", "priority must be an integer");
     out.priority = *value;
@@ -431,13 +415,13 @@ tl::expected<GenerateRequest, ApiError> parse_generate_request(std::string_view 
   const Object& root = handle->get();
   GenerateRequest request;
   if (auto ok = read_top_level(root, model, request); !ok) return tl::unexpected(ok.error());
-  const Object* sampling = member(root, "sampling_params");
+  const Object* sampling = wire::find_value(root, "sampling_params");
   if (sampling == nullptr) return bad("sampling_params", "sampling_params is required");
   if (sampling->type != msgpack::type::MAP) {
     return bad("sampling_params", "sampling_params must be a JSON object");
   }
   if (auto ok = refuse_text_input(root, *sampling); !ok) return tl::unexpected(ok.error());
-  if (request.stream && member(*sampling, "prompt_logprobs") != nullptr) {
+  if (request.stream && wire::find_value(*sampling, "prompt_logprobs") != nullptr) {
     return bad("sampling_params.prompt_logprobs",
                "`prompt_logprobs` are not available when `stream=true`.");
   }

@@ -13,29 +13,19 @@ namespace {
 
 using Object = msgpack::object;
 
-const Object* member(const Object& object, std::string_view key) {
-  const Object* value = wire::find_key(object, key);
-  return value == nullptr || wire::is_nil(*value) ? nullptr : value;
-}
-
 std::optional<double> number(const Object& object, std::string_view key) {
-  const Object* value = member(object, key);
-  if (value == nullptr) return std::nullopt;
-  if (value->type == msgpack::type::FLOAT64 || value->type == msgpack::type::FLOAT32) {
-    return value->via.f64;
-  }
-  if (auto integer = wire::as_int64(*value)) return static_cast<double>(*integer);
-  return std::nullopt;
+  const Object* value = wire::find_value(object, key);
+  return value == nullptr ? std::nullopt : wire::as_double(*value);
 }
 
 std::optional<std::int64_t> integer(const Object& object, std::string_view key) {
-  const Object* value = member(object, key);
+  const Object* value = wire::find_value(object, key);
   return value == nullptr ? std::nullopt : wire::as_int64(*value);
 }
 
 // eos_token_id: one id or a list of them.
 std::vector<std::int64_t> eos_ids(const Object& object) {
-  const Object* value = member(object, "eos_token_id");
+  const Object* value = wire::find_value(object, "eos_token_id");
   if (value == nullptr) return {};
   if (auto id = wire::as_int64(*value)) return {*id};
   std::vector<std::int64_t> ids;
@@ -83,7 +73,7 @@ tl::expected<ModelInfo, std::string> model_info_from_json(std::string_view confi
   if (!config_object) return tl::unexpected(config_object.error());
   const Object& root = config_object->get();
   // Multimodal wrappers keep the language model's values under text_config.
-  const Object* text = member(root, "text_config");
+  const Object* text = wire::find_value(root, "text_config");
   model.vocab_size = integer(root, "vocab_size");
   if (!model.vocab_size && text != nullptr) model.vocab_size = integer(*text, "vocab_size");
   std::vector<std::int64_t> eos = eos_ids(root);

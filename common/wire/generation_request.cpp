@@ -190,14 +190,6 @@ std::optional<std::vector<std::int64_t>> int_list(const msgpack::object& object)
   return values;
 }
 
-std::optional<double> as_number(const msgpack::object& object) {
-  if (object.type == msgpack::type::FLOAT64 || object.type == msgpack::type::FLOAT32) {
-    return object.via.f64;
-  }
-  if (auto value = as_int64(object)) return static_cast<double>(*value);
-  return std::nullopt;
-}
-
 std::string bad_key(std::string_view key) {
   std::string text = "sampling_params.";
   text.append(key).append(" has the wrong type");
@@ -207,7 +199,7 @@ std::string bad_key(std::string_view key) {
 tl::expected<void, std::string> read_sampling_key(SamplingParams& p, std::string_view key,
                                                   const msgpack::object& value) {
   auto number = [&](std::optional<double>& field) -> tl::expected<void, std::string> {
-    auto parsed = as_number(value);
+    auto parsed = as_double(value);
     if (!parsed) return fail(bad_key(key));
     field = *parsed;
     return {};
@@ -369,7 +361,7 @@ tl::expected<EngineCoreRequest, std::string> decode_engine_core_request(
           request.sampling_params = std::move(*params);
         }
         break;
-      case F::kArrivalTime: request.arrival_time = as_number(value).value_or(0.0); break;
+      case F::kArrivalTime: request.arrival_time = as_double(value).value_or(0.0); break;
       case F::kCacheSalt: request.cache_salt = optional_text(value); break;
       case F::kDataParallelRank: request.data_parallel_rank = as_int64(value); break;
       case F::kClientIndex: request.client_index = as_int64(value).value_or(0); break;

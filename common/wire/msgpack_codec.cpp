@@ -103,6 +103,15 @@ std::optional<std::int64_t> as_int64(const msgpack::object& object) {
   return std::nullopt;
 }
 
+std::optional<double> as_double(const msgpack::object& object) {
+  if (object.type == msgpack::type::FLOAT64 || object.type == msgpack::type::FLOAT32) {
+    return object.via.f64;
+  }
+  if (object.type == msgpack::type::POSITIVE_INTEGER) return static_cast<double>(object.via.u64);
+  if (object.type == msgpack::type::NEGATIVE_INTEGER) return static_cast<double>(object.via.i64);
+  return std::nullopt;
+}
+
 bool is_nil(const msgpack::object& object) { return object.type == msgpack::type::NIL; }
 
 const msgpack::object* find_key(const msgpack::object& map, std::string_view key) {
@@ -113,6 +122,11 @@ const msgpack::object* find_key(const msgpack::object& map, std::string_view key
     if (as_str(entry.key) == key) found = &entry.val;
   }
   return found;
+}
+
+const msgpack::object* find_value(const msgpack::object& map, std::string_view key) {
+  const msgpack::object* value = find_key(map, key);
+  return value == nullptr || is_nil(*value) ? nullptr : value;
 }
 
 void pack_float64(StringBuffer& buffer, double value) {

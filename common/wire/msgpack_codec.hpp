@@ -35,11 +35,15 @@ std::string encode_object(const msgpack::object& object);
 std::optional<std::string_view> as_str(const msgpack::object& object);
 std::optional<bool> as_bool(const msgpack::object& object);
 std::optional<std::int64_t> as_int64(const msgpack::object& object);
+// A float, or an integer of any width read as one (JSON and msgspec take either for a float).
+std::optional<double> as_double(const msgpack::object& object);
 bool is_nil(const msgpack::object& object);
 
 // Looks a string key up in a map object; nullptr when absent or when `map` is no map.
 // Duplicate keys resolve to the last one, as a Python dict built from the map would.
 const msgpack::object* find_key(const msgpack::object& map, std::string_view key);
+// find_key, with a nil value read as absent (as Python's defaults and pydantic's None do).
+const msgpack::object* find_value(const msgpack::object& map, std::string_view key);
 
 // Buffer type used by all encoders: a std::string so frames can be sent without conversion.
 class StringBuffer {
