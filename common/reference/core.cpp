@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "common/reference/tokens.hpp"
 #include "common/reference/worker.hpp"
 #include "common/util/fail.hpp"
 #include "common/wire/msgpack_codec.hpp"
@@ -97,9 +98,18 @@ bool ParallelSizes::multiproc_executor() const {
 }
 
 ReferenceCore::ReferenceCore(const ParallelSizes& sizes, Backend backend,
-                             bool insecure_serialization)
+                             bool insecure_serialization, SchedulerOptions scheduler)
     : sizes_(sizes), backend_(backend), insecure_serialization_(insecure_serialization),
-      workers_(static_cast<std::size_t>(sizes.world_size())) {}
+      workers_(static_cast<std::size_t>(sizes.world_size())), scheduler_(scheduler) {
+  update_fingerprint();
+}
+
+// Once per finished session or version, never per token: hashing the tensors is the cost.
+void ReferenceCore::update_fingerprint() {
+  const WorkerState& worker = workers_.front();
+  scheduler_.set_fingerprint(
+      weights_fingerprint(worker.weights, weight_version_, worker.sessions_finished));
+}
 
 WorkerContext ReferenceCore::worker_context(int rank) const {
   const int world_size = static_cast<int>(workers_.size());
@@ -200,6 +210,7 @@ ReferenceCore::Result ReferenceCore::collective_rpc(const std::string& qualname,
     if (value) returned.push_back(std::move(*value));
   }
   if (first_error) return fail(worker_error(*first_error));
+  if (worker_method == "finish_weight_update") update_fingerprint();
   std::string list = pack(
       [&](wire::Packer& packer) { packer.pack_array(static_cast<std::uint32_t>(world_size)); });
   for (const std::string& value : returned) list += value;
@@ -213,6 +224,7 @@ ReferenceCore::Result ReferenceCore::set_weight_version(const std::string& qualn
   const auto version = wire::as_str(*bound->front());
   if (!version) return fail(type_error("weight version", "a str", *bound->front()));
   weight_version_ = std::string(*version);
+  update_fingerprint();
   return none_value();
 }
 
@@ -232,21 +244,20 @@ ReferenceCore::Result ReferenceCore::pause_scheduler(const std::string& qualname
     return fail(type_error("clear_cache", "a bool", *clear_cache));
   }
   end_requests(mode);
-  paused_ = true;
   return none_value();
 }
 
 ReferenceCore::Result ReferenceCore::resume_scheduler(const std::string& qualname,
                                                       Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
-  paused_ = false;
+  scheduler_.resume();
   return none_value();
 }
 
 ReferenceCore::Result ReferenceCore::is_scheduler_paused(const std::string& qualname,
                                                          Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
-  return bool_value(paused_);
+  return bool_value(scheduler_.paused());
 }
 
 ReferenceCore::Result ReferenceCore::reference_state(const std::string& qualname, Positional args) {
@@ -267,8 +278,8 @@ ReferenceCore::Result ReferenceCore::reset_prefix_cache(const std::string& qualn
     }
   }
   const bool preempt = (*bound)[0] != nullptr && (*bound)[0]->via.boolean;
-  if (running_requests_ > 0 && !preempt) {
-    warn("Failed to reset prefix cache because some blocks (" + std::to_string(running_requests_) +
+  if (running_requests() > 0 && !preempt) {
+    warn("Failed to reset prefix cache because some blocks (" + std::to_string(running_requests()) +
          ") are not freed yet");
     return bool_value(false);
   }
@@ -277,7 +288,7 @@ ReferenceCore::Result ReferenceCore::reset_prefix_cache(const std::string& qualn
 
 ReferenceCore::Result ReferenceCore::reset_mm_cache(const std::string& qualname, Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
-  if (running_requests_ > 0) {
+  if (running_requests() > 0) {
     warn(
         "Resetting the multi-modal cache when requests are in progress may lead to desynced "
         "internal caches.");
@@ -288,7 +299,7 @@ ReferenceCore::Result ReferenceCore::reset_mm_cache(const std::string& qualname,
 ReferenceCore::Result ReferenceCore::reset_encoder_cache(const std::string& qualname,
                                                          Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
-  if (running_requests_ > 0) {
+  if (running_requests() > 0) {
     warn(
         "Resetting the encoder cache when requests are in progress may lead to desynced "
         "internal caches.");

@@ -11,9 +11,11 @@
 #include <string>
 #include <string_view>
 #include <tl/expected.hpp>
+#include <utility>
 #include <vector>
 
 #include "common/reference/python_call.hpp"
+#include "common/reference/scheduler.hpp"
 
 namespace vllmd::reference {
 
@@ -58,7 +60,8 @@ class ReferenceCore {
  public:
   // `insecure_serialization` stands for VLLM_ALLOW_INSECURE_SERIALIZATION=1, which IPC over
   // HTTP (pickled handles) needs.
-  ReferenceCore(const ParallelSizes& sizes, Backend backend, bool insecure_serialization = true);
+  ReferenceCore(const ParallelSizes& sizes, Backend backend, bool insecure_serialization = true,
+                SchedulerOptions scheduler = {});
   ReferenceCore(int dp_rank, int tensor_parallel_size, Backend backend)
       : ReferenceCore(ParallelSizes{dp_rank, 1, tensor_parallel_size}, backend) {}
 
@@ -74,11 +77,19 @@ class ReferenceCore {
   const ParallelSizes& sizes() const { return sizes_; }
   const std::vector<WorkerState>& workers() const { return workers_; }
   const std::string& weight_version() const { return weight_version_; }
-  bool paused() const { return paused_; }
-  // Requests holding KV blocks (the reference engine generates nothing, so a test says how
-  // many): a pause that aborts or drains, or a sleep, ends them.
-  void set_running_requests(int count) { running_requests_ = count; }
-  int running_requests() const { return running_requests_; }
+  bool paused() const { return scheduler_.paused(); }
+  // The requests it generates for (ADD, ABORT and steps go straight to it); pause_scheduler,
+  // sleep and wake_up pause and resume it, and weight updates give it their fingerprint.
+  Scheduler& scheduler() { return scheduler_; }
+  const Scheduler& scheduler() const { return scheduler_; }
+  // Fake requests holding KV blocks without a client (--running-requests): a pause that
+  // aborts or drains, or a sleep, ends them.
+  void set_running_requests(int count) { scheduler_.set_phantom_requests(count); }
+  // Requests holding KV blocks: the running ones and the fake ones.
+  int running_requests() const { return static_cast<int>(scheduler_.active()); }
+  // True once after a pause (or sleep) in mode "wait" found requests running: its reply is
+  // due when they drained (vLLM defers it the same way).
+  bool take_reply_when_idle() { return std::exchange(reply_when_idle_, false); }
   // The executor's sleeping tags (vLLM's CuMem tags "weights" and "kv_cache").
   bool weights_asleep() const { return weights_asleep_; }
   bool kv_cache_asleep() const { return kv_cache_asleep_; }
@@ -108,14 +119,15 @@ class ReferenceCore {
   std::optional<std::string> asleep_refusal(std::string_view worker_method) const;
   void warn(std::string_view text) const;
   void end_requests(const msgpack::object* mode);  // as a pause in `mode` ends them
+  void update_fingerprint();  // after a finished weight-update session or a new version
 
   ParallelSizes sizes_;
   Backend backend_;
   bool insecure_serialization_;
   std::vector<WorkerState> workers_;
   std::string weight_version_ = "default";
-  bool paused_ = false;
-  int running_requests_ = 0;
+  Scheduler scheduler_;
+  bool reply_when_idle_ = false;
   bool weights_asleep_ = false;
   bool kv_cache_asleep_ = false;
   int sleep_level_ = 0;  // of the last sleep that put the executor to sleep

@@ -28,10 +28,15 @@ constexpr std::array<std::string_view, 5> kWeightTransferMethods = {
 
 }  // namespace
 
-// abort (the default) aborts the running requests, wait drains them; keep keeps them.
+// abort (the default) aborts every request, wait drains the running ones (the reply waits
+// for that), keep freezes them. The scheduler is paused in every mode.
 void ReferenceCore::end_requests(const msgpack::object* mode) {
   const auto text = mode != nullptr ? wire::as_str(*mode) : std::nullopt;
-  if (!text || *text != "keep") running_requests_ = 0;
+  const PauseMode pause = !text || *text == "abort" ? PauseMode::kAbort
+                          : *text == "wait"         ? PauseMode::kWait
+                                                    : PauseMode::kKeep;
+  scheduler_.pause(pause);
+  reply_when_idle_ = pause == PauseMode::kWait && scheduler_.running() > 0;
 }
 
 void ReferenceCore::warn(std::string_view text) const {
@@ -68,7 +73,6 @@ ReferenceCore::Result ReferenceCore::sleep(const std::string& qualname, Position
   }
   if (auto error = pause_mode_error((*bound)[1])) return fail(*error);
   end_requests((*bound)[1]);
-  paused_ = true;
   if (level < 1) return none_value();
   if (weights_asleep_ || kv_cache_asleep_) {
     warn("Executor is already sleeping.");
@@ -131,14 +135,14 @@ ReferenceCore::Result ReferenceCore::wake_up(const std::string& qualname, Positi
     }
   }
   const bool fully_awake = !weights_asleep_ && !kv_cache_asleep_;
-  if (fully_awake) paused_ = false;
+  if (fully_awake) scheduler_.resume();
   return bool_value(fully_awake);
 }
 
 // EngineCore.is_sleeping(): paused, or any memory asleep.
 ReferenceCore::Result ReferenceCore::is_sleeping(const std::string& qualname, Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
-  return bool_value(paused_ || weights_asleep_ || kv_cache_asleep_);
+  return bool_value(scheduler_.paused() || weights_asleep_ || kv_cache_asleep_);
 }
 
 // EngineCore.release_kv_cache_memory(): discards the KV cache of a paused engine whose memory
@@ -146,7 +150,7 @@ ReferenceCore::Result ReferenceCore::is_sleeping(const std::string& qualname, Po
 ReferenceCore::Result ReferenceCore::release_kv_cache_memory(const std::string& qualname,
                                                              Positional args) {
   if (auto bound = bind_call(qualname, {}, args, nullptr); !bound) return fail(bound.error());
-  if (!paused_ || running_requests_ > 0) {
+  if (!scheduler_.paused() || running_requests() > 0) {
     return fail("release_kv_cache_memory() requires a completed pause first");
   }
   if (weights_asleep_ || kv_cache_asleep_) {
