@@ -8,6 +8,8 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -42,6 +44,7 @@ struct Flags {
   std::string record;
   std::string log_level = "info";
   double delay_ready = 0;  // seconds
+  double step_ms = 5;      // milliseconds
 };
 
 std::chrono::milliseconds millis(double seconds) {
@@ -122,9 +125,34 @@ void define_engine_flags(CLI::App& app, Flags& flags) {
                "Refuse pickled IPC handles, as vLLM does without "
                "VLLM_ALLOW_INSECURE_SERIALIZATION=1");
   app.add_option("--running-requests", options.running_requests,
-                 "Requests holding KV blocks until a pause (abort or wait) or a sleep ends them: "
-                 "reset_prefix_cache then declines unless reset_running_requests")
+                 "Fake requests holding KV blocks (no client, no output) until a pause (abort or "
+                 "wait) or a sleep ends them: reset_prefix_cache then declines unless "
+                 "reset_running_requests")
       ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--max-num-seqs", options.max_num_seqs,
+                 "Requests generated for at once; the rest wait, first come first served")
+      ->type_name("N")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--tokens-per-step", options.tokens_per_step,
+                 "Tokens per running request per step (as with speculative decoding)")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--step-ms", flags.step_ms,
+                 "Time between steps while requests run, in milliseconds (0: back to back)")
+      ->type_name("MS")
+      ->check(CLI::Range(0.0, 60000.0))
+      ->capture_default_str();
+  app.add_option("--vocab-size", options.vocab_size, "Tokens are drawn from 0 to N-1")
+      ->type_name("N")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 31))
+      ->capture_default_str();
+  app.add_option("--zero-copy-threshold", options.zero_copy_threshold,
+                 "Logprob arrays of at least BYTES go in extra frames, smaller ones inline "
+                 "(VLLM_MSGPACK_ZERO_COPY_THRESHOLD)")
+      ->type_name("BYTES")
       ->capture_default_str();
   app.add_option("--vllm-version", options.vllm_version, "vllm_version in the registration")
       ->type_name("STR")
@@ -162,7 +190,9 @@ CLI::Option* add_fault_list(CLI::App& app, const std::string& name, std::vector<
 
 void define_fault_flags(CLI::App& app, Flags& flags) {
   ReferenceEngineOptions& options = flags.options;
-  add_fault_list(app, "--inject-fail", flags.fail, "Reply with a failure to METHOD (repeatable)");
+  add_fault_list(app, "--inject-fail", flags.fail,
+                 "Reply with a failure to METHOD; \"generate\" ends every request with "
+                 "finish_reason error (repeatable)");
   add_fault_list(app, "--inject-fail-once", flags.fail_once,
                  "Reply with a failure to the first call of METHOD only (repeatable)");
   add_fault_list(app, "--inject-delay", flags.delay,
@@ -267,6 +297,7 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   add_method_seconds(options.faults.hold, flags.hold);
   options.dp_group_timeout = millis(flags.dp_group_timeout);
   options.faults.delay_ready = millis(flags.delay_ready);
+  options.step_interval = std::chrono::microseconds(std::llround(flags.step_ms * 1000));
   if (!flags.record.empty()) {
     std::FILE* file = std::fopen(flags.record.c_str(), "a");
     if (file == nullptr) {

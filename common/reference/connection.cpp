@@ -1,5 +1,8 @@
 #include "common/reference/connection.hpp"
 
+#include <zmq.h>
+
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -49,9 +52,30 @@ std::string first_string(std::string_view args) {
   return {};
 }
 
+// Input messages taken in one turn before a due step goes out: bounds a step's delay under
+// a burst of ADDs without making the burst wait a step interval per message.
+constexpr int kMessagesPerTurn = 512;
+constexpr std::chrono::milliseconds kLongestWait{100};  // then the stop request is looked at
+
 ParallelSizes parallel_sizes(const ReferenceEngineOptions& options) {
   return {options.rank, options.data_parallel_size, options.tensor_parallel_size,
           options.pipeline_parallel_size, options.prefill_context_parallel_size};
+}
+
+SchedulerOptions scheduler_options(const ReferenceEngineOptions& options) {
+  SchedulerOptions scheduler;
+  scheduler.engine_index = options.rank;
+  scheduler.max_num_seqs = options.max_num_seqs;
+  scheduler.tokens_per_step = options.tokens_per_step;
+  scheduler.vocab_size = options.vocab_size;
+  scheduler.max_model_len = options.max_model_len;
+  // vLLM's include_finished_set: data_parallel_size > 1, which only coordinated ranks keep.
+  scheduler.include_finished_set = options.coordinated_dp && options.data_parallel_size > 1;
+  return scheduler;
+}
+
+double monotonic_seconds() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -61,8 +85,12 @@ FrontendConnection::FrontendConnection(const ReferenceEngineOptions& options,
                                        std::function<bool(std::chrono::milliseconds)> sleep)
     : options_(options), prefix_("reference engine " + std::to_string(options.rank) + ": "),
       sockets_(options.rank, stop_requested), faults_(options, sockets_, std::move(sleep), prefix_),
-      core_(parallel_sizes(options), options.backend, options.insecure_serialization) {
+      core_(parallel_sizes(options), options.backend, options.insecure_serialization,
+            scheduler_options(options)),
+      layout_(wire::request_layout_for(options.vllm_version)) {
   core_.set_running_requests(options.running_requests);
+  encoding_.outputs_fields = static_cast<std::size_t>(options.faults.reply_fields);
+  encoding_.zero_copy_threshold = options.zero_copy_threshold;
 }
 
 Outcome FrontendConnection::run() {
@@ -84,24 +112,82 @@ void FrontendConnection::send_due_replies() {
 }
 
 Outcome FrontendConnection::serve() {
+  auto next_step = Clock::now();
   while (!sockets_.stopping()) {
     send_due_replies();
-    auto frames = sockets_.receive(sockets_.input, held_.next_due());
-    if (!frames) continue;
-    if (frames->size() < 2 || (*frames)[0].size() != 1) {
-      util::log::warning(prefix_, "ignoring a malformed request message of ", frames->size(),
-                         " frame(s)");
+    for (int i = 0; i < kMessagesPerTurn; ++i) {
+      auto frames = sockets_.try_receive(sockets_.input);
+      if (!frames) break;
+      if (auto outcome = handle(*frames)) return *outcome;
+    }
+    const bool stepping = core_.scheduler().has_work();
+    if (stepping && Clock::now() >= next_step) {
+      run_step();
+      next_step = Clock::now() + options_.step_interval;
       continue;
     }
-    const auto type = static_cast<unsigned char>(view((*frames)[0])[0]);
-    if (type != static_cast<unsigned char>(wire::RequestType::kUtility)) {
-      util::log::info(prefix_, "ignoring request type ", static_cast<int>(type),
-                      " (only UTILITY is served)");
-      continue;
-    }
-    if (auto outcome = handle_utility(view((*frames)[1]))) return *outcome;
+    auto deadline = held_.next_due();
+    if (stepping) deadline = deadline ? std::min(*deadline, next_step) : next_step;
+    wait_for_input(deadline);
   }
   return Outcome::kStopped;
+}
+
+void FrontendConnection::wait_for_input(std::optional<Clock::time_point> deadline) {
+  auto timeout = kLongestWait;
+  if (deadline) {
+    const auto now = Clock::now();
+    if (now >= *deadline) return;
+    timeout = std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(*deadline - now));
+  }
+  EngineSockets::poll_one(sockets_.input, ZMQ_POLLIN, timeout);
+}
+
+std::optional<Outcome> FrontendConnection::handle(const std::vector<zmq::message_t>& frames) {
+  if (frames.size() < 2 || frames[0].size() != 1) {
+    util::log::warning(prefix_, "ignoring a malformed request message of ", frames.size(),
+                       " frame(s)");
+    return std::nullopt;
+  }
+  const auto type = static_cast<wire::RequestType>(view(frames[0])[0]);
+  const std::string_view payload = view(frames[1]);
+  switch (type) {
+    case wire::RequestType::kUtility: return handle_utility(payload);
+    case wire::RequestType::kAdd: handle_add(payload); break;
+    case wire::RequestType::kAbort: handle_abort(payload); break;
+    default: util::log::info(prefix_, "ignoring request type ", static_cast<int>(type)); break;
+  }
+  return std::nullopt;
+}
+
+void FrontendConnection::handle_add(std::string_view payload) {
+  auto request = wire::decode_engine_core_request(payload, layout_);
+  if (!request) {
+    util::log::warning(prefix_, "ignoring an ADD that does not decode as ", layout_.name, ": ",
+                       request.error());
+    return;
+  }
+  const bool fail = faults_.fails("generate");
+  if (fail) util::log::info(prefix_, "injected failure in generate: ", request->request_id);
+  core_.scheduler().add(std::move(*request), fail);
+}
+
+void FrontendConnection::handle_abort(std::string_view payload) {
+  auto ids = wire::decode_abort(payload);
+  if (!ids) {
+    util::log::warning(prefix_, "ignoring a malformed ABORT: ", ids.error());
+    return;
+  }
+  core_.scheduler().abort(*ids);
+}
+
+void FrontendConnection::run_step() {
+  const wire::OutputsToSend& outputs = core_.scheduler().step(monotonic_seconds());
+  sockets_.send_frames(sockets_.output, wire::encode_outputs(outputs, encoding_));
+  // Pauses in mode wait complete once nothing runs.
+  if (core_.scheduler().running() == 0) {
+    for (const std::string& frame : held_.take_when_idle()) sockets_.send(sockets_.output, frame);
+  }
 }
 
 std::optional<Outcome> FrontendConnection::handle_utility(std::string_view payload) {

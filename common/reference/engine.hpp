@@ -3,7 +3,7 @@
 // connects to a frontend's handshake address exactly as a headless `vllm serve` does (HELLO,
 // INIT, the DP group for coordinated DP, registration map, READY) and then serves UTILITY
 // calls one at a time, like vLLM's engine-core busy loop (a blocked call blocks the ones
-// behind it).
+// behind it), and generates for ADDs: one EngineCoreOutputs per step.
 //
 // Runs on its own thread; vllmd embeds one in-process, tests and `vllm-ref-engine` run it as a
 // separate process. Fault injection (off by default) lets tests provoke every failure mode.
@@ -11,6 +11,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -24,7 +26,8 @@
 namespace vllmd::reference {
 
 // Faults are keyed by method name: an engine-core method ("get_weight_version") or a worker
-// method reached through collective_rpc ("update_weights").
+// method reached through collective_rpc ("update_weights"). "generate" in fail (fail_once)
+// ends every (the first) request with finish_reason ERROR.
 struct Faults {
   std::set<std::string> fail;                              // reply with a failure
   std::set<std::string> fail_once;                         // the same, the first time only
@@ -60,7 +63,14 @@ struct ReferenceEngineOptions {
   std::chrono::milliseconds dp_group_timeout{std::chrono::seconds(30)};
   Backend backend = Backend::kNccl;
   bool insecure_serialization = true;  // as with VLLM_ALLOW_INSECURE_SERIALIZATION=1
-  int running_requests = 0;            // requests holding KV blocks from the start (ReferenceCore)
+  int running_requests = 0;            // fake requests holding KV blocks (ReferenceCore)
+  // Generation (scheduler.hpp, tokens.hpp).
+  std::size_t max_num_seqs = 256;  // running at once; the rest wait
+  int tokens_per_step = 1;
+  std::chrono::microseconds step_interval{std::chrono::milliseconds(5)};  // 0: back to back
+  std::int64_t vocab_size = 32000;
+  // VLLM_MSGPACK_ZERO_COPY_THRESHOLD: logprob arrays of this many bytes go in extra frames.
+  std::size_t zero_copy_threshold = 256;
   std::string vllm_version = "0.0.0+reference";
   std::int64_t max_model_len = 4096;  // registered, as a real engine registers its model's
   Faults faults;

@@ -1,8 +1,8 @@
 #pragma once
-// Replies the reference engine sends later without blocking (the --inject-hold fault), the
-// way vLLM answers pause_scheduler(mode="wait") only when the pause completes while its busy
-// loop goes on serving. Each frame goes out at its own time; frames due at the same time go
-// in the order they were held.
+// Replies the reference engine sends later without blocking: at a time (the --inject-hold
+// fault), or once no request runs any more, the way vLLM answers pause_scheduler(mode="wait")
+// only when the pause completes while its busy loop goes on serving. Frames due at the same
+// time, or when idle, go in the order they were held.
 
 #include <chrono>
 #include <cstdint>
@@ -37,11 +37,15 @@ class HeldReplies {
     return due;
   }
 
-  std::size_t size() const { return frames_.size(); }
+  void hold_until_idle(std::string frame) { when_idle_.push_back(std::move(frame)); }
+  std::vector<std::string> take_when_idle() { return std::exchange(when_idle_, {}); }
+
+  std::size_t size() const { return frames_.size() + when_idle_.size(); }
 
  private:
   using Key = std::pair<Clock::time_point, std::uint64_t>;  // due, then arrival order
   std::map<Key, std::string> frames_;
+  std::vector<std::string> when_idle_;
   std::uint64_t next_sequence_ = 0;
 };
 

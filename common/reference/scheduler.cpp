@@ -145,7 +145,7 @@ std::int64_t Scheduler::columns(std::int64_t k) const {
 }
 
 void Scheduler::fill_prompt_logprobs(const Request& request, wire::OutputToSend& output) const {
-  // The first prompt token has no row (generation-protocol.md section 4.3).
+  // The first prompt token has no row, as in vLLM: nothing precedes it.
   if (!request.prompt_logprobs || request.prompt.size() < 2) return;
   wire::LogprobRows& rows = reset_rows(output.prompt_logprobs,
                                        static_cast<std::size_t>(columns(*request.prompt_logprobs)));

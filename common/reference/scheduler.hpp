@@ -1,7 +1,7 @@
 #pragma once
 // The reference engine's scheduler, without sockets (like core.hpp): continuous batching of
 // EngineCoreRequests into one EngineCoreOutputs per step, with vLLM's stop rules, pause
-// modes and client aborts (generation-protocol.md sections 3, 4 and 6). Tokens follow
+// modes and client aborts (docs/engine-protocol.md §10.3, §10.4, as vLLM). Tokens follow
 // tokens.hpp. Steps reuse their output buffers, so a step allocates nothing per token.
 
 #include <cstdint>
@@ -53,6 +53,8 @@ class Scheduler {
   // active, send nothing, and a pause in mode abort or wait ends them.
   void set_phantom_requests(int count) { phantoms_ = count; }
 
+  // Whether requests ended (pause abort, the generate fault) wait for their output.
+  bool has_endings() const { return !endings_.empty(); }
   // Whether step() would send something now.
   bool has_work() const;
   std::size_t running() const { return running_.size(); }
