@@ -213,7 +213,12 @@ std::optional<Outcome> FrontendConnection::handle_utility(std::string_view paylo
   if (auto outcome = faults_.before_reply(call, request->call_id)) return outcome;
   std::string frame = wire::encode_engine_core_outputs(
       options_.rank, answer(call, request->call_id), now_seconds(), options_.faults.reply_fields);
-  if (auto hold = find_fault(options_.faults.hold, call); hold != options_.faults.hold.end()) {
+  // A pause in mode abort: the ABORT outputs go before its reply.
+  if (core_.scheduler().has_endings()) run_step();
+  if (core_.take_reply_when_idle()) {
+    held_.hold_until_idle(std::move(frame));
+  } else if (auto hold = find_fault(options_.faults.hold, call);
+             hold != options_.faults.hold.end()) {
     util::log::debug(prefix_, "injected hold: answering ", hold->first, " in ",
                      hold->second.count(), " ms");
     held_.hold(received_at + hold->second, std::move(frame));
