@@ -15,11 +15,17 @@
 namespace vllmd::daemon::http {
 
 struct Mailbox {
+  // What follows a delivery's bytes on its connection.
+  enum class Then : std::uint8_t {
+    kMore,   // more of the same response
+    kNext,   // the response is complete: serve the next request
+    kClose,  // the response is complete: close once it is written
+    kCut,    // drop the connection now, unwritten bytes and all
+  };
   struct Delivery {
     std::uint64_t connection;
     std::string bytes;
-    bool last;
-    bool close;
+    Then then;
   };
 
   int wake_fd = -1;

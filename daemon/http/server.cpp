@@ -124,6 +124,7 @@ struct Server::Impl final : ConnectionHost {
   // so a request answered within the round costs no epoll_ctl at all.
   std::vector<std::uint64_t> touched;
   std::vector<Mailbox::Delivery> deliveries;  // drained, reused round after round
+  std::vector<std::uint64_t> delivered;       // connections with bytes to flush
   std::vector<std::function<void()>> tasks;
   std::uint64_t next_id = 2;
   bool listening = true;
@@ -140,8 +141,8 @@ struct Server::Impl final : ConnectionHost {
   Decision decide(const RequestHead& head, const std::optional<util::IpAddress>& peer) override {
     return decide_request(head, peer);
   }
-  void dispatch(std::uint64_t connection, Request request,
-                const std::function<void(ExchangePtr)>& on_request) override {
+  ExchangePtr dispatch(std::uint64_t connection, Request request,
+                       const std::function<void(ExchangePtr)>& on_request) override {
     auto exchange = std::make_shared<Exchange>(mailbox, connection, std::move(request));
     try {
       on_request(exchange);
@@ -150,6 +151,7 @@ struct Server::Impl final : ConnectionHost {
       exchange->respond(
           error_response(api::server_error(std::string("internal error: ") + error.what())));
     }
+    return exchange;
   }
   bool stopping() const override { return mailbox->stopping.load(); }
   std::string& read_buffer() override { return scratch; }
@@ -233,6 +235,8 @@ void Server::Impl::run() {
     }
     apply_interest();
   }
+  // Aborted: the connections end here, so the cancels of their requests run on this thread.
+  slots.clear();
 }
 
 void Server::Impl::on_event(std::uint64_t id, std::uint32_t events) {
@@ -243,6 +247,8 @@ void Server::Impl::on_event(std::uint64_t id, std::uint32_t events) {
         if (!connection.on_readable()) return false;
       } else if ((events & EPOLLHUP) != 0) {
         return false;  // a hang-up while nothing is being read: the client reset it
+      } else if ((events & EPOLLRDHUP) != 0 && connection.cancels_on_hangup()) {
+        return false;  // a half-close while cancellable work is handled: the client left
       }
     }
     return (events & EPOLLOUT) == 0 || connection.on_writable();
@@ -259,11 +265,18 @@ void Server::Impl::drain_mailbox() {
       tasks.swap(mailbox->tasks);
     }
     for (Mailbox::Delivery& delivery : deliveries) {
-      step(delivery.connection, [&delivery](Connection& connection) {
-        return connection.deliver(delivery.bytes, delivery.last, delivery.close);
+      step(delivery.connection, [this, &delivery](Connection& connection) {
+        if (!connection.flush_due()) delivered.push_back(delivery.connection);
+        return connection.deliver(std::move(delivery.bytes), delivery.then);
       });
     }
     for (auto& task : tasks) task();
+    // One write per connection, however many events it got: with thousands of streams each
+    // fed once per engine step, that is one write per stream per step.
+    for (const std::uint64_t id : delivered) {
+      step(id, [](Connection& connection) { return connection.flush_delivered(); });
+    }
+    delivered.clear();
   }
 }
 

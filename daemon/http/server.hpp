@@ -44,6 +44,10 @@ struct Decision {
   // Accepted: runs on the loop thread with the complete request. Answer through the
   // exchange now or later; hand slow work to other threads.
   std::function<void(ExchangePtr)> on_request;
+  // Cancellable work (token generation): while the request is handled or streamed, a client's
+  // half-close (FIN, seen through EPOLLRDHUP — not EPOLLIN, which would spin on pipelined bytes)
+  // counts as hanging up. Otherwise a half-closed client still gets its answer (weight sync).
+  bool cancel_on_hangup = false;
 };
 
 using Decide =
