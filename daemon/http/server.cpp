@@ -245,10 +245,11 @@ void Server::Impl::on_event(std::uint64_t id, std::uint32_t events) {
     if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)) != 0) {
       if ((connection.wanted_events() & EPOLLIN) != 0) {
         if (!connection.on_readable()) return false;
-      } else if ((events & EPOLLHUP) != 0) {
-        return false;  // a hang-up while nothing is being read: the client reset it
-      } else if ((events & EPOLLRDHUP) != 0 && connection.cancels_on_hangup()) {
-        return false;  // a half-close while cancellable work is handled: the client left
+      } else if ((events & EPOLLHUP) != 0 ||
+                 ((events & EPOLLRDHUP) != 0 && connection.cancels_on_hangup())) {
+        // Nothing is being read: a hang-up is a reset, and a half-close during cancellable
+        // work counts as leaving too.
+        return false;
       }
     }
     return (events & EPOLLOUT) == 0 || connection.on_writable();

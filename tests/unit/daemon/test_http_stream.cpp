@@ -44,8 +44,8 @@ struct Fixture {
   explicit Fixture(bool cancellable, std::function<void(const http::ExchangePtr&)> start = {},
                    const http::ServerOptions& options = {}, bool watched = true) {
     server = std::make_unique<http::Server>(
-        options, [this, cancellable, start, watched](const http::RequestHead&,
-                                                     const std::optional<vllmd::util::IpAddress>&) {
+        options, [this, cancellable, start = std::move(start), watched](
+                     const http::RequestHead&, const std::optional<vllmd::util::IpAddress>&) {
           http::Decision decision;
           decision.cancel_on_hangup = cancellable;
           decision.on_request = [this, start, watched](const http::ExchangePtr& exchange) {
