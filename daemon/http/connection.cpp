@@ -38,6 +38,7 @@ Connection::Connection(std::uint64_t id, int fd, std::unique_ptr<Transport> tran
 }
 
 Connection::~Connection() {
+  if (const ExchangePtr exchange = exchange_.lock()) exchange->hang_up();
   transport_.reset();
   ::close(fd_);
 }
@@ -49,7 +50,11 @@ bool Connection::reading() const {
 
 std::uint32_t Connection::wanted_events() const {
   std::uint32_t events = 0;
-  if (reading() && !peer_closed_) events |= EPOLLIN | EPOLLRDHUP;
+  if (reading() && !peer_closed_) {
+    events |= EPOLLIN | EPOLLRDHUP;
+  } else if (cancels_on_hangup()) {
+    events |= EPOLLRDHUP;  // not EPOLLIN: pipelined bytes would wake the loop again and again
+  }
   if (out_sent_ < out_.size() || wants_write_) events |= EPOLLOUT;
   return events;
 }
@@ -189,6 +194,7 @@ bool Connection::on_head(std::size_t end) {
     return flush();
   }
   body_limit_ = decision.body_limit;
+  cancel_on_hangup_ = decision.cancel_on_hangup;
   on_request_ = std::move(decision.on_request);
   if (parsed.framing == BodyFraming::kLength) {
     const auto length = static_cast<std::size_t>(parsed.content_length);
@@ -238,7 +244,8 @@ bool Connection::finish_request() {
   phase_ = Phase::kHandling;
   auto on_request = std::move(on_request_);
   on_request_ = nullptr;
-  host_.dispatch(id_, std::move(request), on_request);
+  unsent_before_ = out_.size() - out_sent_;
+  exchange_ = host_.dispatch(id_, std::move(request), on_request);
   return flush();  // a 100 Continue may still be unsent
 }
 
@@ -282,22 +289,46 @@ void Connection::queue(std::string_view bytes) {
   out_.append(bytes);
 }
 
+// A streamed event usually finds the buffer written out: it becomes the buffer, uncopied.
+void Connection::queue(std::string&& bytes) {
+  if (out_sent_ == out_.size()) {
+    out_ = std::move(bytes);
+    out_sent_ = 0;
+  } else {
+    out_.append(bytes);
+  }
+}
+
 void Connection::begin_request() {
   phase_ = Phase::kHead;
   head_started_ = false;
   phase_since_ = Clock::now();
 }
 
-bool Connection::deliver(std::string_view bytes, bool last, bool close) {
+bool Connection::deliver(std::string&& bytes, Mailbox::Then then) {
+  flush_due_ = true;
   if (phase_ != Phase::kHandling) return true;
-  queue(bytes);
-  if (!last) return flush();
-  if (close || peer_closed_ || host_.stopping()) {
+  if (then == Mailbox::Then::kCut) return false;
+  queue(std::move(bytes));
+  if (then == Mailbox::Then::kMore) return true;
+  exchange_.reset();  // answered: its end is no cancel
+  if (then == Mailbox::Then::kClose || peer_closed_ || host_.stopping()) {
     phase_ = Phase::kClosing;
-    return flush();
+  } else {
+    begin_request();
+    serve_next_ = true;
   }
-  begin_request();
-  if (!flush() || !process()) return false;
+  return true;
+}
+
+// After the mailbox is drained: one write for all of this round's deliveries, then the
+// pipelined request a completed response lets through.
+bool Connection::flush_delivered() {
+  flush_due_ = false;
+  if (!flush()) return false;
+  if (!serve_next_) return true;
+  serve_next_ = false;
+  if (!process()) return false;
   // TLS may hold the next request decrypted already: the socket will not announce it.
   return transport_->pending() ? on_readable() : true;
 }
@@ -319,6 +350,7 @@ bool Connection::flush() {
     if (result.status == Status::kOk) {
       out_sent_ += result.bytes;
       last_progress_ = Clock::now();
+      count_written(result.bytes);
       continue;
     }
     if (result.status == Status::kWouldBlock) return true;
@@ -329,6 +361,13 @@ bool Connection::flush() {
   if (out_.capacity() > (1 << 20)) out_.shrink_to_fit();
   if (phase_ == Phase::kClosing) start_linger();
   return !(phase_ == Phase::kLinger && peer_closed_);
+}
+
+void Connection::count_written(std::size_t bytes) {
+  const std::size_t earlier = std::min(bytes, unsent_before_);
+  unsent_before_ -= earlier;
+  if (bytes == earlier) return;
+  if (const ExchangePtr exchange = exchange_.lock()) exchange->written(bytes - earlier);
 }
 
 // Closing at once with unread bytes from the client would reset the connection, and the

@@ -18,8 +18,9 @@ class ConnectionHost {
  public:
   virtual ~ConnectionHost() = default;
   virtual Decision decide(const RequestHead& head, const std::optional<util::IpAddress>& peer) = 0;
-  virtual void dispatch(std::uint64_t connection, Request request,
-                        const std::function<void(ExchangePtr)>& on_request) = 0;
+  // Hands the request to the application; the exchange, for the connection to watch.
+  virtual ExchangePtr dispatch(std::uint64_t connection, Request request,
+                               const std::function<void(ExchangePtr)>& on_request) = 0;
   virtual bool stopping() const = 0;
   virtual std::string& read_buffer() = 0;  // the loop's scratch space for reads
   // A request refused by the connection layer itself (malformed, stalled, incomplete), for
@@ -40,19 +41,24 @@ class Connection {
   Connection(std::uint64_t id, int fd, std::unique_ptr<Transport> transport,
              std::optional<util::IpAddress> peer, ConnectionHost& host,
              const ConnectionLimits& limits);
-  ~Connection();  // closes the socket
+  ~Connection();  // closes the socket; a request still being handled is cancelled
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
   // Each returns false when the connection is over and must be destroyed.
   bool on_readable();
   bool on_writable();
-  bool deliver(std::string_view bytes, bool last, bool close);
+  // Queues a response's bytes; they are written by flush_delivered, once per loop round.
+  bool deliver(std::string&& bytes, Mailbox::Then then);
+  bool flush_delivered();
+  bool flush_due() const { return flush_due_; }
   bool on_tick(Clock::time_point now);
   // Stop reading new requests: idle connections end now, busy ones after their response.
   bool on_stop();
 
-  std::uint32_t wanted_events() const;  // EPOLLIN / EPOLLOUT
+  std::uint32_t wanted_events() const;  // EPOLLIN / EPOLLOUT / EPOLLRDHUP
+  // Whether the client's half-close (EPOLLRDHUP) ends the connection now.
+  bool cancels_on_hangup() const { return phase_ == Phase::kHandling && cancel_on_hangup_; }
   bool handling() const { return phase_ == Phase::kHandling; }
   int fd() const { return fd_; }
 
@@ -74,6 +80,8 @@ class Connection {
   bool finish_request();
   bool refuse(const api::ApiError& error);  // answers and ends the connection
   void queue(std::string_view bytes);
+  void queue(std::string&& bytes);
+  void count_written(std::size_t bytes);
   void begin_request();
   void start_linger();
   bool on_peer_closed();
@@ -92,6 +100,8 @@ class Connection {
   std::size_t out_sent_ = 0;
   bool peer_closed_ = false;
   bool wants_write_ = false;  // TLS needs the socket writable
+  bool flush_due_ = false;    // delivered to this round
+  bool serve_next_ = false;   // a response completed this round: the next request may start
 
   // The request being read.
   std::optional<Request> request_;
@@ -100,6 +110,12 @@ class Connection {
   std::size_t body_received_ = 0;  // with Content-Length: bytes of request_->body filled
   std::uint64_t discard_left_ = 0;
   std::unique_ptr<ChunkedDecoder> chunked_;
+  bool cancel_on_hangup_ = false;
+
+  // The request being handled: cancelled if the connection ends first. Bytes written while
+  // it is handled are its own, once what an earlier response left unsent is out.
+  std::weak_ptr<Exchange> exchange_;
+  std::size_t unsent_before_ = 0;
 
   Clock::time_point phase_since_;    // when the current phase (or head) began
   Clock::time_point last_progress_;  // last byte in or out

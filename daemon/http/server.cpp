@@ -25,6 +25,7 @@
 #include "common/util/errno_text.hpp"
 #include "common/util/log.hpp"
 #include "daemon/http/connection.hpp"
+#include "daemon/http/mailbox.hpp"
 #include "daemon/http/transport.hpp"
 
 namespace vllmd::daemon::http {
@@ -34,11 +35,6 @@ namespace {
 constexpr std::uint64_t kListenerId = 0;
 constexpr std::uint64_t kWakeId = 1;
 constexpr auto kTick = std::chrono::milliseconds(250);
-
-void signal_event(int fd) {
-  const std::uint64_t one = 1;
-  [[maybe_unused]] const ssize_t written = ::write(fd, &one, sizeof one);
-}
 
 std::optional<util::IpAddress> peer_of(const sockaddr_storage& address) {
   if (address.ss_family == AF_INET) {
@@ -97,93 +93,6 @@ std::string peer_text(const std::optional<util::IpAddress>& peer) {
 
 }  // namespace
 
-// Where exchanges drop their responses for the loop, from any thread.
-struct Mailbox {
-  struct Delivery {
-    std::uint64_t connection;
-    std::string bytes;
-    bool last;
-    bool close;
-  };
-
-  int wake_fd = -1;
-  std::atomic<std::thread::id> loop;
-  std::atomic<bool> stopping{false};
-  std::atomic<bool> pending{false};  // posted since the loop last drained: it skips the lock
-  std::mutex mutex;
-  std::vector<Delivery> deliveries;
-  std::vector<std::function<void()>> tasks;
-  bool open = true;
-
-  void post(Delivery delivery) { put(deliveries, std::move(delivery)); }
-  void post(std::function<void()> task) { put(tasks, std::move(task)); }
-
-  // The loop drains the mailbox after every round of events: it needs no wake-up from
-  // itself, and one wake-up covers everything posted until it drains. `pending` is set
-  // before the wake-up: a loop that runs the moment it is woken must find it set, or it
-  // goes back to sleep with the post unseen. Under the lock, so the descriptor cannot be
-  // closed meanwhile.
-  template <typename Item> void put(std::vector<Item>& queue, Item item) {
-    std::lock_guard lock(mutex);
-    if (!open) return;
-    const bool idle = deliveries.empty() && tasks.empty();
-    queue.push_back(std::move(item));
-    pending = true;
-    if (idle && std::this_thread::get_id() != loop.load()) signal_event(wake_fd);
-  }
-};
-
-// ---------------------------------------------------------------------------------------------
-// Exchange
-
-Exchange::Exchange(std::shared_ptr<Mailbox> mailbox, std::uint64_t connection, Request request)
-    : mailbox_(std::move(mailbox)), connection_(connection), request_(std::move(request)) {}
-
-Exchange::~Exchange() {
-  const State state = state_.load();
-  if (state == State::kOpen) {
-    util::log::error(
-        "a request was dropped without an answer: ", util::log::escaped(request_.head.method), " ",
-        util::log::escaped(request_.head.target));
-    respond(error_response(api::server_error("internal error: the request got no answer")));
-  } else if (state == State::kStreaming) {
-    send({}, true, true);  // a cut stream tells the client something went wrong
-  }
-}
-
-bool Exchange::answered() const { return state_.load() != State::kOpen; }
-
-void Exchange::send(std::string bytes, bool last, bool close) {
-  mailbox_->post(Mailbox::Delivery{connection_, std::move(bytes), last, close});
-}
-
-void Exchange::respond(const Response& response) {
-  State expected = State::kOpen;
-  if (!state_.compare_exchange_strong(expected, State::kDone)) return;
-  const bool keep_alive = request_.head.keep_alive && !response.close && !mailbox_->stopping;
-  send(serialize(response, keep_alive), true, !keep_alive);
-}
-
-void Exchange::stream_begin(int status, std::string_view content_type, const Headers& headers) {
-  State expected = State::kOpen;
-  if (!state_.compare_exchange_strong(expected, State::kStreaming)) return;
-  const bool chunked = request_.head.minor_version == 1;
-  keep_alive_ = chunked && request_.head.keep_alive && !mailbox_->stopping;
-  send(serialize_stream_head(status, content_type, headers, keep_alive_, chunked), false, false);
-}
-
-void Exchange::stream_write(std::string_view data) {
-  if (state_.load() != State::kStreaming || data.empty()) return;
-  send(request_.head.minor_version == 1 ? chunk(data) : std::string(data), false, false);
-}
-
-void Exchange::stream_end() {
-  State expected = State::kStreaming;
-  if (!state_.compare_exchange_strong(expected, State::kDone)) return;
-  send(request_.head.minor_version == 1 ? std::string(kLastChunk) : std::string(), true,
-       !keep_alive_);
-}
-
 // ---------------------------------------------------------------------------------------------
 // The loop
 
@@ -215,6 +124,7 @@ struct Server::Impl final : ConnectionHost {
   // so a request answered within the round costs no epoll_ctl at all.
   std::vector<std::uint64_t> touched;
   std::vector<Mailbox::Delivery> deliveries;  // drained, reused round after round
+  std::vector<std::uint64_t> delivered;       // connections with bytes to flush
   std::vector<std::function<void()>> tasks;
   std::uint64_t next_id = 2;
   bool listening = true;
@@ -231,8 +141,8 @@ struct Server::Impl final : ConnectionHost {
   Decision decide(const RequestHead& head, const std::optional<util::IpAddress>& peer) override {
     return decide_request(head, peer);
   }
-  void dispatch(std::uint64_t connection, Request request,
-                const std::function<void(ExchangePtr)>& on_request) override {
+  ExchangePtr dispatch(std::uint64_t connection, Request request,
+                       const std::function<void(ExchangePtr)>& on_request) override {
     auto exchange = std::make_shared<Exchange>(mailbox, connection, std::move(request));
     try {
       on_request(exchange);
@@ -241,6 +151,7 @@ struct Server::Impl final : ConnectionHost {
       exchange->respond(
           error_response(api::server_error(std::string("internal error: ") + error.what())));
     }
+    return exchange;
   }
   bool stopping() const override { return mailbox->stopping.load(); }
   std::string& read_buffer() override { return scratch; }
@@ -324,6 +235,8 @@ void Server::Impl::run() {
     }
     apply_interest();
   }
+  // Aborted: the connections end here, so the cancels of their requests run on this thread.
+  slots.clear();
 }
 
 void Server::Impl::on_event(std::uint64_t id, std::uint32_t events) {
@@ -332,8 +245,11 @@ void Server::Impl::on_event(std::uint64_t id, std::uint32_t events) {
     if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)) != 0) {
       if ((connection.wanted_events() & EPOLLIN) != 0) {
         if (!connection.on_readable()) return false;
-      } else if ((events & EPOLLHUP) != 0) {
-        return false;  // a hang-up while nothing is being read: the client reset it
+      } else if ((events & EPOLLHUP) != 0 ||
+                 ((events & EPOLLRDHUP) != 0 && connection.cancels_on_hangup())) {
+        // Nothing is being read: a hang-up is a reset, and a half-close during cancellable
+        // work counts as leaving too.
+        return false;
       }
     }
     return (events & EPOLLOUT) == 0 || connection.on_writable();
@@ -350,11 +266,18 @@ void Server::Impl::drain_mailbox() {
       tasks.swap(mailbox->tasks);
     }
     for (Mailbox::Delivery& delivery : deliveries) {
-      step(delivery.connection, [&delivery](Connection& connection) {
-        return connection.deliver(delivery.bytes, delivery.last, delivery.close);
+      step(delivery.connection, [this, &delivery](Connection& connection) {
+        if (!connection.flush_due()) delivered.push_back(delivery.connection);
+        return connection.deliver(std::move(delivery.bytes), delivery.then);
       });
     }
     for (auto& task : tasks) task();
+    // One write per connection, however many events it got: with thousands of streams each
+    // fed once per engine step, that is one write per stream per step.
+    for (const std::uint64_t id : delivered) {
+      step(id, [](Connection& connection) { return connection.flush_delivered(); });
+    }
+    delivered.clear();
   }
 }
 
@@ -478,7 +401,7 @@ bool Server::secure() const { return impl_->tls != nullptr; }
 void Server::stop_accepting() {
   impl_->mailbox->stopping = true;
   impl_->accepting = false;
-  signal_event(impl_->mailbox->wake_fd);
+  impl_->mailbox->wake();
 }
 
 bool Server::wait_idle(double seconds) const {
@@ -496,7 +419,7 @@ void Server::abort() {
     std::lock_guard lock(impl_->mailbox->mutex);
     impl_->mailbox->open = false;
   }
-  signal_event(impl_->mailbox->wake_fd);
+  impl_->mailbox->wake();
   if (impl_->thread.joinable()) impl_->thread.join();
   impl_->slots.clear();
   impl_->open = 0;

@@ -2,11 +2,6 @@
 // later from other threads, streamed responses, pipelining, and requests never lost.
 #include <doctest/doctest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -15,61 +10,13 @@
 #include <vector>
 
 #include "daemon/http/server.hpp"
+#include "tests/unit/daemon/loopback_client.hpp"
 
 namespace http = vllmd::daemon::http;
 
 namespace {
 
-// A blocking client socket with a receive timeout.
-class Client {
- public:
-  explicit Client(std::uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(port);
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    timeval timeout{5, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-  }
-  ~Client() { ::close(fd_); }
-  Client(const Client&) = delete;
-  Client& operator=(const Client&) = delete;
-
-  void send(const std::string& bytes) const {
-    REQUIRE(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
-            static_cast<ssize_t>(bytes.size()));
-  }
-  // Everything until the server closes (or the timeout).
-  std::string read_all() const {
-    std::string out;
-    char buffer[4096];
-    for (ssize_t n; (n = ::recv(fd_, buffer, sizeof buffer, 0)) > 0;)
-      out.append(buffer, static_cast<std::size_t>(n));
-    return out;
-  }
-  // Reads until `marker` has been seen `times` times.
-  std::string read_until(const std::string& marker, int times = 1) const {
-    std::string out;
-    char buffer[4096];
-    auto count = [&] {
-      int seen = 0;
-      for (std::size_t at = out.find(marker); at != std::string::npos;
-           at = out.find(marker, at + 1))
-        ++seen;
-      return seen;
-    };
-    while (count() < times) {
-      const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
-      if (n <= 0) break;
-      out.append(buffer, static_cast<std::size_t>(n));
-    }
-    return out;
-  }
-
- private:
-  int fd_;
-};
+using Client = vllmd::test::LoopbackClient;
 
 http::Decision accept_with(std::function<void(http::ExchangePtr)> handler) {
   http::Decision decision;
