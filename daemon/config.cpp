@@ -293,6 +293,12 @@ constexpr Setting kSettings[] = {
      .help = "the model name GET /v1/models lists (what vllm serve --served-model-name says)",
      .member = &Config::served_model_name,
      .check = NonEmpty{}},
+    {.key = "engine.model",
+     .flag = "--model",
+     .env = "VLLMD_MODEL",
+     .help = "local model directory (Hugging Face layout): vocabulary, EOS ids and sampling "
+             "defaults for generation; empty: none",
+     .member = &Config::model},
     {.key = "engine.backend",
      .env = "VLLMD_BACKEND",
      .help = "embedded engine's weight transfer backend: nccl|ipc|tcp|none",

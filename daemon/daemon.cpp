@@ -10,6 +10,8 @@
 #include <optional>
 
 #include "common/api/errors.hpp"
+#include "common/api/generation.hpp"
+#include "common/api/model_info.hpp"
 #include "common/api/table.hpp"
 #include "common/http/client.hpp"
 #include "common/util/cidr.hpp"
@@ -77,7 +79,17 @@ bool answers_health(const vllmd::http::Client& client) {
   return reply.has_value();
 }
 
-// Loads the configuration and the API key file it names.
+// What --model's directory says of the model; without one, only its served name.
+tl::expected<api::ModelInfo, std::string> model_of(const Config& config) {
+  if (config.model.empty()) {
+    api::ModelInfo none;
+    none.name = config.served_model_name;
+    return none;
+  }
+  return api::load_model_info(config.model, config.served_model_name);
+}
+
+// Loads the configuration, the API key file and the model directory it names.
 tl::expected<Invocation, LoadError> load_all(int argc, const char* const* argv) {
   auto invocation = load(argc, argv);
   if (!invocation) return invocation;
@@ -86,6 +98,9 @@ tl::expected<Invocation, LoadError> load_all(int argc, const char* const* argv) 
     auto keys = read_key_file(config.api_key_file);
     if (!keys) return tl::unexpected(LoadError{{"server.api_key_file", keys.error()}, false});
     config.api_keys.insert(config.api_keys.end(), keys->begin(), keys->end());
+  }
+  if (auto model = model_of(config); !model) {
+    return tl::unexpected(LoadError{{"engine.model", model.error()}, false});
   }
   return invocation;
 }
@@ -120,7 +135,8 @@ std::optional<std::string> reload(int argc, const char* const* argv, const Confi
       next.host != running.host || next.port != running.port || next.dev_mode != running.dev_mode ||
       next.threads != running.threads || next.insecure_dev_mode != running.insecure_dev_mode ||
       next.handshake_address != running.handshake_address || next.mode != running.mode ||
-      next.data_parallel_size != running.data_parallel_size || next.command != running.command;
+      next.data_parallel_size != running.data_parallel_size || next.command != running.command ||
+      next.model != running.model;
   if (restart_needed) {
     util::log::warning(
         "reload: listener, dev-mode or engine settings changed; they apply at the next "
@@ -200,6 +216,22 @@ std::optional<int> answer_without_serving(const tl::expected<Invocation, LoadErr
   return std::nullopt;
 }
 
+void log_model(const Config& config, const api::ModelInfo& model) {
+  if (config.model.empty()) {
+    util::log::notice("no model directory (engine.model, --model): generation stops only at "
+                      "max_tokens, max_model_len or the stop_token_ids a request names, and "
+                      "prompts are not checked against the vocabulary");
+    return;
+  }
+  std::string eos = model.eos_token_id ? std::to_string(*model.eos_token_id) : "none";
+  for (const std::int64_t id : model.extra_eos_token_ids) eos += "," + std::to_string(id);
+  util::log::info("model ", config.model, ": vocabulary ",
+                  model.vocab_size ? std::to_string(*model.vocab_size) : "unknown",
+                  ", EOS ids ", eos,
+                  model.max_new_tokens ? ", max_new_tokens " + std::to_string(*model.max_new_tokens)
+                                       : std::string());
+}
+
 void log_starting(const Config& config) {
   util::log::info("vllmd ", kVersion, " starting: engine mode ", mode_name(config.mode),
                   config.config_file.empty() ? "" : ", config " + config.config_file);
@@ -249,6 +281,8 @@ class Daemon {
   void drain() {
     notifier_->stopping();
     server_->stop_accepting();
+    // Generations would run up to max_tokens: each ends now with its tokens and "abort".
+    generation_->abort_all();
     if (!server_->wait_idle(config_.drain_timeout)) {
       util::log::warning("requests still in flight after ", config_.drain_timeout,
                          " s; failing them with 503");
@@ -287,6 +321,13 @@ class Daemon {
     // Validation of large bodies and reloads; nothing here waits for engines or clients.
     executor_.emplace(config_.threads, "vllmd-exec");
     service_.emplace(engines_->client(), service_options(config_), &*executor_);
+    auto model = model_of(config_);
+    if (!model) {  // checked at load; the directory changed since
+      util::log::error("engine.model: ", model.error());
+      return exit_code::kConfig;
+    }
+    log_model(config_, *model);
+    generation_.emplace(engines_->client(), engines_->client(), std::move(*model));
     // The engines go before the service (drain()): they never call it after it is gone.
     engines_->client().set_state_listener(
         [this](const engine::EngineStatus& engine) { service_->on_engine_state(engine); });
@@ -301,6 +342,7 @@ class Daemon {
   // Requests are served from here on; the watchdog and the daemon's routes are wired up.
   void start_serving() {
     context_.service = &*service_;
+    context_.generation = &*generation_;
     context_.metrics = &metrics_;
     context_.executor = &*executor_;
     context_.max_queued = config_.max_queued;
@@ -349,6 +391,7 @@ class Daemon {
   std::unique_ptr<Engines> engines_;
   std::optional<util::Executor> executor_;
   std::optional<api::WeightSyncService> service_;
+  std::optional<api::GenerationService> generation_;
   Metrics metrics_;
   std::optional<Notifier> notifier_;
   std::mutex reload_mutex_;

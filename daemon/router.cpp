@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "common/util/log.hpp"
+#include "daemon/exchange_stream.hpp"
 
 namespace vllmd::daemon {
 
@@ -97,7 +98,19 @@ struct RouteMatch {
   std::optional<util::IpAddress> peer;
   std::optional<std::string> session;  // Vllmd-Session
   bool large_body = false;
+  // Generation routes: X-Request-Id and X-data-parallel-rank, as sent.
+  std::optional<std::string> request_id;
+  std::optional<std::string> data_parallel_rank;
 };
+
+namespace {
+
+std::optional<std::string> field_if_present(const http::RequestHead& head, std::string_view name) {
+  if (head.count_named(name) == 0) return std::nullopt;
+  return std::string(head.field(name));
+}
+
+}  // namespace
 
 // Why the request is refused from its head, or nothing. `headers` gets what the refusal
 // carries (Allow, WWW-Authenticate).
@@ -144,7 +157,7 @@ http::Decision Router::decide(const http::RequestHead& head,
   if (auto error = refusal(head, route, peer, *policy, headers)) {
     decision.refusal = http::error_response(*error);
     decision.refusal->headers = std::move(headers);
-    record(peer, head.method, path, route, error->status, 0, 0);
+    record(peer, head.method, path, route, error->status, 0, 0, {});
     return decision;
   }
   decision.body_limit = static_cast<std::uint64_t>(policy->max_body_bytes);
@@ -155,6 +168,10 @@ http::Decision Router::decide(const http::RequestHead& head,
   match->large_body = large_body(head);
   if (const std::string_view session = head.field("vllmd-session"); !session.empty()) {
     match->session = std::string(session);
+  }
+  if (route->handling == api::Handling::kGenerate) {
+    match->request_id = field_if_present(head, "x-request-id");
+    match->data_parallel_rank = field_if_present(head, "x-data-parallel-rank");
   }
   decision.on_request = [this, match](const http::ExchangePtr& exchange) {
     serve(match, exchange);
@@ -168,11 +185,19 @@ void Router::serve(const std::shared_ptr<RouteMatch>& match, const http::Exchang
   call->query = api::parse_query(match->query);
   call->body = std::move(exchange->request().body);
   call->session = match->session;
+  const bool generation = call->route->handling == api::Handling::kGenerate;
+  if (generation) {
+    call->request_id_header = match->request_id;
+    call->data_parallel_rank_header = match->data_parallel_rank;
+    call->stream = std::make_shared<ExchangeStream>(exchange);
+  }
   const bool on_executor = match->large_body || call->route->blocking;
-  auto run = [this, match, exchange, call] {
-    context_.service->handle(call, [this, match, exchange](api::Response reply) {
+  auto run = [this, match, exchange, call, generation] {
+    auto done = [this, match, exchange](api::Response reply) {
       answer(*match, *exchange, std::move(reply));
-    });
+    };
+    if (generation && context_.generation != nullptr) return context_.generation->handle(call, done);
+    context_.service->handle(call, done);
   };
   if (on_executor && context_.executor != nullptr) return context_.executor->post(run);
   run();
@@ -184,6 +209,13 @@ void Router::answer(const RouteMatch& match, http::Exchange& exchange, api::Resp
   const double total = milliseconds(now - request.head_at);
   const double read = milliseconds(request.body_at - request.head_at);
   const double engine = reply.engine_seconds * 1e3;
+  const Generated generated{reply.tokens, reply.first_token_seconds};
+  if (reply.streamed || reply.status == api::kClientClosedRequest) {
+    // The answer went out as a stream (or nowhere): end it, and log it once.
+    if (reply.streamed) exchange.stream_end();
+    return record(match.peer, match.route->method, match.route->path, match.route, reply.status,
+                  total, engine, generated);
+  }
   http::Response response;
   response.status = reply.status;
   response.content_type = std::move(reply.content_type);
@@ -198,18 +230,28 @@ void Router::answer(const RouteMatch& match, http::Exchange& exchange, api::Resp
   }
   const int status = response.status;
   exchange.respond(response);
-  record(match.peer, match.route->method, match.route->path, match.route, status, total, engine);
+  record(match.peer, match.route->method, match.route->path, match.route, status, total, engine,
+         generated);
 }
 
 // The access-log line and the request counter, for every request.
 void Router::record(const std::optional<util::IpAddress>& peer, std::string_view method,
                     std::string_view path, const api::Route* route, int status, double total_ms,
-                    double engine_ms) const {
+                    double engine_ms, const Generated& generated) const {
   if (context_.metrics != nullptr) context_.metrics->count_request(route, status);
   if (!util::log::enabled(util::log::Level::kInfo)) return;
+  const auto rounded = [](double ms) { return static_cast<long long>(ms * 1000) / 1000.0; };
+  if (route != nullptr && route->handling == api::Handling::kGenerate &&
+      route->operation == api::Operation::kGenerate) {
+    return util::log::info(peer_text(peer), " ", util::log::escaped(method), " ",
+                           util::log::escaped(path), " ", status, " ", rounded(total_ms),
+                           "ms tokens=", generated.tokens, " ttft=",
+                           generated.first_token_seconds
+                               ? std::to_string(rounded(*generated.first_token_seconds * 1e3)) + "ms"
+                               : std::string("-"));
+  }
   util::log::info(peer_text(peer), " ", util::log::escaped(method), " ", util::log::escaped(path),
-                  " ", status, " ", static_cast<long long>(total_ms * 1000) / 1000.0,
-                  "ms engine=", static_cast<long long>(engine_ms * 1000) / 1000.0, "ms");
+                  " ", status, " ", rounded(total_ms), "ms engine=", rounded(engine_ms), "ms");
 }
 
 }  // namespace vllmd::daemon

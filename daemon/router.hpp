@@ -17,6 +17,12 @@ namespace vllmd::daemon {
 
 struct RouteMatch;
 
+// A generation's figures for the access log.
+struct Generated {
+  std::int64_t tokens = 0;
+  std::optional<double> first_token_seconds;
+};
+
 class Router {
  public:
   explicit Router(ServerContext& context) : context_(context) {}
@@ -31,7 +37,7 @@ class Router {
   void answer(const RouteMatch& match, http::Exchange& exchange, api::Response reply);
   void record(const std::optional<util::IpAddress>& peer, std::string_view method,
               std::string_view path, const api::Route* route, int status, double total_ms,
-              double engine_ms) const;
+              double engine_ms, const Generated& generated) const;
 
   ServerContext& context_;
 };

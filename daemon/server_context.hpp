@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/api/generation.hpp"
 #include "common/api/service.hpp"
 #include "common/util/cidr.hpp"
 #include "common/util/executor.hpp"
@@ -23,6 +24,7 @@ struct Policy {
 
 struct ServerContext {
   api::WeightSyncService* service = nullptr;
+  api::GenerationService* generation = nullptr;  // Handling::kGenerate routes
   Metrics* metrics = nullptr;
   util::Executor* executor = nullptr;  // large bodies are validated there, and reloads run
   int max_queued = 64;                 // executor tasks waiting: 503 beyond

@@ -43,6 +43,9 @@ void WeightSyncService::handle(const CallPtr& call, const Done& done) {
     case Handling::kScheduler:
     case Handling::kEngine:
     case Handling::kLocal: return (this->*route.handler)(call, done);
+    case Handling::kGenerate:
+      return done(error_response(server_error("internal error: " + std::string(route.path) +
+                                              " is served by the generation service")));
   }
 }
 
@@ -57,7 +60,8 @@ bool WeightSyncService::answers_at_once(const Route& route) const {
     }
     case Handling::kLifecycle:
     case Handling::kScheduler:
-    case Handling::kEngine: return false;
+    case Handling::kEngine:
+    case Handling::kGenerate: return false;
   }
   return false;
 }

@@ -2,6 +2,7 @@
 
 #include <array>
 
+#include "common/api/generation.hpp"
 #include "common/api/service.hpp"
 
 namespace vllmd::api {
@@ -9,6 +10,7 @@ namespace vllmd::api {
 namespace {
 
 using S = WeightSyncService;
+using G = GenerationService;
 
 constexpr CliArg kInitArgs[] = {
     {.name = "--info",
@@ -399,6 +401,25 @@ constexpr std::array kRoutes{
           .summary =
               "the workers' weight checksums, a reset of the weights, or a comparison "
               "(body: {\"action\": \"checksum\"|\"reset\"|\"compare\", \"baseline\": {...}})"},
+    // Not a dev route, as in vLLM: RL frameworks roll out through it.
+    Route{.operation = Operation::kGenerate,
+          .method = "POST",
+          .path = "/inference/v1/generate",
+          .handling = Handling::kGenerate,
+          .generation_handler = &G::generate,
+          .dev_only = false,
+          .body = Body::kRequired,
+          .summary = "token ids in, token ids out (body: {\"token_ids\": [...], "
+                     "\"sampling_params\": {...}, \"stream\": false}); SSE with \"stream\": true"},
+    Route{.operation = Operation::kAbortRequests,
+          .method = "POST",
+          .path = "/abort_requests",
+          .handling = Handling::kGenerate,
+          .generation_handler = &G::abort_requests,
+          .body = Body::kOptional,
+          .summary =
+              "end generations as if paused with mode=abort (body: {\"request_ids\": [...]}; "
+              "none or empty: every one)"},
 };
 
 }  // namespace

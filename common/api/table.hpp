@@ -40,6 +40,8 @@ enum class Operation {
   kServerInfo,
   kCollectiveRpc,
   kWeightChecker,
+  kGenerate,
+  kAbortRequests,
 };
 
 // How a route is served. Every switch over it names every kind: a new one does not compile
@@ -50,6 +52,7 @@ enum class Handling {
   kScheduler,  // pause/resume: an engine call outside the lifecycle queue
   kEngine,     // a command or query to every engine (cache resets), outside the lifecycle queue
   kLocal,      // vllmd's own answer, no engine call: served on the event loop
+  kGenerate,   // token generation and its aborts: GenerationService (generation.hpp)
 };
 
 // The request body a route takes.
@@ -113,6 +116,8 @@ struct Cli {
 class WeightSyncService;
 // The service function that answers a route (common/api/service.hpp).
 using Handler = void (WeightSyncService::*)(const CallPtr& call, const Done& done);
+class GenerationService;
+using GenerationHandler = void (GenerationService::*)(const CallPtr& call, const Done& done);
 
 struct Route {
   Operation operation = {};
@@ -120,9 +125,10 @@ struct Route {
   std::string_view path = {};
   Handling handling = Handling::kLocal;
   Handler handler = nullptr;
-  bool dev_only = true;      // 404 unless dev mode is on
-  bool open_to_all = false;  // no API key, no allowlist (/health)
-  bool blocking = false;     // may wait (on files): served off the event loop
+  GenerationHandler generation_handler = nullptr;  // Handling::kGenerate routes
+  bool dev_only = true;                            // 404 unless dev mode is on
+  bool open_to_all = false;                        // no API key, no allowlist (/health)
+  bool blocking = false;                           // may wait (on files): served off the event loop
   Body body = Body::kNone;
   std::string_view member = {};  // the body member validated and passed on, or empty
   Member member_kind = Member::kNone;

@@ -5,8 +5,6 @@
 
 namespace vllmd::wire {
 
-namespace {
-
 void append_double(std::string& out, double value) {
   if (!std::isfinite(value)) {
     out += "null";  // JSON has no NaN/Infinity
@@ -18,8 +16,6 @@ void append_double(std::string& out, double value) {
   out += text;
   if (text.find_first_of(".e") == std::string_view::npos) out += ".0";
 }
-
-}  // namespace
 
 void append_json(std::string& out, const msgpack::object& object) {
   switch (object.type) {

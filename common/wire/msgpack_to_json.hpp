@@ -15,5 +15,8 @@ namespace vllmd::wire {
 tl::expected<std::string, std::string> msgpack_to_json(std::string_view msgpack,
                                                        const DecodeLimits& limits = {});
 void append_json(std::string& out, const msgpack::object& object);
+// A JSON number that reads back as a float (shortest round trip, "1.0" not "1"); null for
+// NaN and infinities, which JSON cannot write.
+void append_double(std::string& out, double value);
 
 }  // namespace vllmd::wire

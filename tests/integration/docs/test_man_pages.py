@@ -340,6 +340,8 @@ class ManPageTest(unittest.TestCase):
             "engine.command": "engine --handshake {handshake_address}",
             "engine.backend": "ipc",
             "engine.served_model_name": "Qwen/Qwen3-8B",
+            # Read at load: a directory holding a config.json.
+            "engine.model": os.path.dirname(self.write("config.json", '{"vocab_size": 8}')),
             "log.level": "debug",
         }
         if key == "server.api_keys":

@@ -1,0 +1,150 @@
+#include "common/api/generation_render.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/wire/json_text.hpp"
+#include "common/wire/msgpack_to_json.hpp"
+
+namespace vllmd::api {
+
+namespace {
+
+void append_logprob(std::string& out, double value) {
+  wire::append_double(out, std::isnan(value) ? kMinLogprob : std::max(value, kMinLogprob));
+}
+
+void append_placeholder(std::string& out, std::int64_t id) {
+  out += "\"token_id:";
+  out += std::to_string(id);
+  out += '"';
+}
+
+// Whether column `column` of `row` repeats a token of an earlier column: vLLM keys each
+// position by token id, so the sampled token listed again among the top ones counts once.
+bool repeated(const wire::LogprobsView& view, std::size_t row, std::size_t column) {
+  const std::size_t columns = view.columns();
+  const std::int64_t id = view.token_ids.integer(row * columns + column);
+  for (std::size_t earlier = 0; earlier < column; ++earlier) {
+    if (view.token_ids.integer(row * columns + earlier) == id) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void append_token_ids(std::string& out, std::span<const std::int64_t> ids) {
+  out += '[';
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i != 0) out += ',';
+    out += std::to_string(ids[i]);
+  }
+  out += ']';
+}
+
+void append_logprob_items(std::string& out, const wire::LogprobsView& rows, std::int64_t k) {
+  const std::size_t columns = rows.columns();
+  const std::size_t keep =
+      k < 0 ? columns : std::min(columns, static_cast<std::size_t>(std::max<std::int64_t>(k, 1)));
+  for (std::size_t row = 0; row < rows.rows(); ++row) {
+    if (!out.empty()) out += ',';
+    const std::size_t first = row * columns;
+    out += "{\"token\":";
+    append_placeholder(out, rows.token_ids.integer(first));
+    out += ",\"logprob\":";
+    append_logprob(out, rows.logprobs.real(first));
+    out += ",\"bytes\":null,\"top_logprobs\":[";
+    std::size_t kept = 0;
+    for (std::size_t column = 0; column < columns && kept < keep; ++column) {
+      if (repeated(rows, row, column)) continue;
+      if (kept++ != 0) out += ',';
+      out += "{\"token\":";
+      append_placeholder(out, rows.token_ids.integer(first + column));
+      out += ",\"logprob\":";
+      append_logprob(out, rows.logprobs.real(first + column));
+      out += ",\"bytes\":null}";
+    }
+    out += "]}";
+  }
+}
+
+void append_prompt_logprob_rows(std::string& out, const wire::LogprobsView& rows) {
+  const std::size_t columns = rows.columns();
+  for (std::size_t row = 0; row < rows.rows(); ++row) {
+    out += ",{";
+    bool first_entry = true;
+    for (std::size_t column = 0; column < columns; ++column) {
+      if (repeated(rows, row, column)) continue;
+      const std::int64_t id = rows.token_ids.integer(row * columns + column);
+      if (!first_entry) out += ',';
+      first_entry = false;
+      out += '"';
+      out += std::to_string(id);
+      out += "\":{\"logprob\":";
+      append_logprob(out, rows.logprobs.real(row * columns + column));
+      out += ",\"rank\":";
+      out +=
+          std::to_string(column == 0 ? rows.ranks.integer(row) : static_cast<std::int64_t>(column));
+      out += ",\"decoded_token\":";
+      append_placeholder(out, id);
+      out += '}';
+    }
+    out += '}';
+  }
+}
+
+void append_usage(std::string& out, const Usage& usage) {
+  out += "{\"prompt_tokens\":";
+  out += std::to_string(usage.prompt_tokens);
+  out += ",\"total_tokens\":";
+  out += std::to_string(usage.prompt_tokens + usage.completion_tokens);
+  out += ",\"completion_tokens\":";
+  out += std::to_string(usage.completion_tokens);
+  out += ",\"prompt_tokens_details\":{\"cached_tokens\":";
+  out += std::to_string(usage.cached_tokens);
+  out += "}}";
+}
+
+void append_choice(std::string& out, const ChoiceText& choice) {
+  out += "{\"index\":0,\"logprobs\":";
+  if (choice.logprob_items != nullptr) {
+    out += "{\"content\":[";
+    out += *choice.logprob_items;
+    out += "]}";
+  } else {
+    out += "null";
+  }
+  out += ",\"finish_reason\":";
+  if (choice.finish_reason) {
+    wire::append_json_string(out, *choice.finish_reason);
+  } else {
+    out += "null";
+  }
+  out += ",\"stop_reason\":";
+  out += choice.stop_token ? std::to_string(*choice.stop_token) : "null";
+  out += ",\"token_ids\":";
+  append_token_ids(out, choice.token_ids);
+  out += '}';
+}
+
+std::string sse_event(std::string_view json) {
+  std::string event;
+  event.reserve(json.size() + 8);
+  event += "data: ";
+  event += json;
+  event += "\n\n";
+  return event;
+}
+
+std::string sse_error_event(std::string_view message, std::string_view type, int code) {
+  std::string json = "{\"error\":{\"message\":";
+  wire::append_json_string(json, message);
+  json += ",\"type\":";
+  wire::append_json_string(json, type);
+  json += ",\"param\":null,\"code\":";
+  json += std::to_string(code);
+  json += "}}";
+  return sse_event(json);
+}
+
+}  // namespace vllmd::api

@@ -1,0 +1,211 @@
+#include "common/api/rollout.hpp"
+
+#include "common/api/generation.hpp"
+#include "common/api/service.hpp"
+#include "common/wire/json_text.hpp"
+#include "common/wire/msgpack_to_json.hpp"
+
+namespace vllmd::api {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Roughly what a merged token costs once rendered, for the slow-reader limit.
+constexpr std::size_t kBytesPerToken = 8;
+
+}  // namespace
+
+Rollout::Rollout(GenerationService& service, engine::EngineRequests& requests, RolloutSetup setup,
+                 CallPtr call, Done done)
+    : service_(service), requests_(requests), setup_(std::move(setup)), call_(std::move(call)),
+      done_(std::move(done)) {}
+
+void Rollout::cancel() {
+  client_gone_ = true;
+  requests_.abort({setup_.engine_id});
+}
+
+void Rollout::abort() { requests_.abort({setup_.engine_id}); }
+
+void Rollout::on_sent(int /*rank*/) {
+  if (!setup_.stream || ended_) return;
+  // The head goes once an engine took the request: a refusal before that is a plain 503.
+  call_->stream->begin(200, "text/event-stream");
+  streaming_ = true;
+}
+
+void Rollout::take(const wire::OutputView& output) {
+  if (setup_.prompt_logprobs && output.prompt_logprobs) {
+    append_prompt_logprob_rows(prompt_logprob_rows_, *output.prompt_logprobs);
+  }
+  if (output.num_cached_tokens) cached_tokens_ = *output.num_cached_tokens;
+  if (output.kv_transfer_params != nullptr &&
+      output.kv_transfer_params->type == msgpack::type::MAP) {
+    kv_transfer_params_.clear();
+    wire::append_json(kv_transfer_params_, *output.kv_transfer_params);
+  }
+  const std::size_t count = output.new_token_ids.size();
+  if (count == 0) return;
+  if (!first_token_at_) first_token_at_ = Clock::now();
+  for (std::size_t i = 0; i < count; ++i) tokens_.push_back(output.new_token_ids[i]);
+  completion_tokens_ += static_cast<std::int64_t>(count);
+  if (setup_.logprobs && output.logprobs) {
+    append_logprob_items(logprob_items_, *output.logprobs, *setup_.logprobs);
+  }
+}
+
+void Rollout::on_output(const wire::OutputView& output) {
+  if (ended_) return;
+  take(output);
+  if (output.finish_reason) {
+    const std::int64_t reason = *output.finish_reason;
+    if (reason == static_cast<std::int64_t>(wire::FinishReason::kError)) {
+      return fail(server_error("Internal server error"));
+    }
+    if (reason < 0 || reason > static_cast<std::int64_t>(wire::FinishReason::kRepetition)) {
+      return fail(server_error("the engine ended the request with an unknown finish reason " +
+                               std::to_string(reason)));
+    }
+    return finish(wire::finish_reason_name(static_cast<wire::FinishReason>(reason)),
+                  output.stop_token);
+  }
+  if (!streaming_ || tokens_.empty()) return;
+  const ResponseStream& stream = *call_->stream;
+  if (stream.writable()) return write_delta();
+  // The client has not taken the last event: merge, unless too much waits for it.
+  if (stream.backlog() + logprob_items_.size() + tokens_.size() * kBytesPerToken >
+      setup_.stream_buffer_limit) {
+    client_gone_ = true;
+    requests_.abort({setup_.engine_id});
+    call_->stream->abort();
+  }
+}
+
+void Rollout::on_closed(engine::Closed why, std::string_view message) {
+  if (ended_) return;
+  if (client_gone_) {
+    // Nobody reads the answer: only the access log hears of it.
+    Response gone{kClientClosedRequest, ""};
+    gone.streamed = streaming_;
+    return end(std::move(gone));
+  }
+  switch (why) {
+    case engine::Closed::kAborted: return finish("abort", std::nullopt);
+    case engine::Closed::kEngineLost: return fail(server_error(std::string(message)));
+    case engine::Closed::kRefused: return fail(engine_unavailable(std::string(message)));
+    case engine::Closed::kShutdown:
+      return fail(engine_unavailable("vllmd is stopping: " + std::string(message)));
+  }
+}
+
+Usage Rollout::usage() const { return {setup_.prompt_tokens, completion_tokens_, cached_tokens_}; }
+
+std::string Rollout::chunk(std::optional<std::string_view> finish_reason,
+                           std::optional<std::int64_t> stop_token) const {
+  std::string json = "{\"request_id\":";
+  wire::append_json_string(json, setup_.request_id);
+  json += ",\"choices\":[";
+  append_choice(json,
+                {tokens_, setup_.logprobs ? &logprob_items_ : nullptr, finish_reason, stop_token});
+  json += "],\"usage\":";
+  if (setup_.continuous_usage) {
+    append_usage(json, usage());
+  } else {
+    json += "null";
+  }
+  json += '}';
+  return sse_event(json);
+}
+
+void Rollout::write_delta() {
+  call_->stream->write(chunk(std::nullopt, std::nullopt));
+  tokens_.clear();
+  logprob_items_.clear();
+}
+
+std::string Rollout::body(std::string_view finish_reason,
+                          std::optional<std::int64_t> stop_token) const {
+  std::string json;
+  json.reserve(256 + tokens_.size() * 7 + logprob_items_.size() + prompt_logprob_rows_.size() +
+               setup_.prompt_token_ids.size() * 7);
+  json += "{\"request_id\":";
+  wire::append_json_string(json, setup_.request_id);
+  json += ",\"model\":";
+  wire::append_json_string(json, setup_.model_name);
+  json += ",\"created\":";
+  json += std::to_string(setup_.created);
+  json += ",\"choices\":[";
+  append_choice(json,
+                {tokens_, setup_.logprobs ? &logprob_items_ : nullptr, finish_reason, stop_token});
+  json += "],\"usage\":";
+  append_usage(json, usage());
+  json += ",\"prompt_logprobs\":";
+  if (setup_.prompt_logprobs) {
+    json += "[null";
+    json += prompt_logprob_rows_;
+    json += ']';
+  } else {
+    json += "null";
+  }
+  json += ",\"prompt_token_ids\":";
+  append_token_ids(json, setup_.prompt_token_ids);
+  json += ",\"kv_transfer_params\":";
+  json += kv_transfer_params_;
+  json += '}';
+  return json;
+}
+
+void Rollout::finish(std::string_view reason, std::optional<std::int64_t> stop_token) {
+  if (!streaming_) {
+    if (setup_.stream) {
+      // Ended before any engine took it (an abort while queued): still a well-formed stream.
+      call_->stream->begin(200, "text/event-stream");
+      streaming_ = true;
+    } else {
+      return end(Response{200, body(reason, stop_token)});
+    }
+  }
+  // The terminal chunk always goes out, with whatever delta is still merged.
+  std::string events = chunk(reason, stop_token);
+  if (setup_.include_usage) {
+    std::string json = "{\"request_id\":";
+    wire::append_json_string(json, setup_.request_id);
+    json += ",\"choices\":[],\"usage\":";
+    append_usage(json, usage());
+    json += '}';
+    events += sse_event(json);
+  }
+  events += kSseDone;
+  call_->stream->write(std::move(events));
+  Response streamed;
+  streamed.streamed = true;
+  end(std::move(streamed));
+}
+
+void Rollout::fail(const ApiError& error) {
+  if (!streaming_) return end(error_response(error));
+  // Tokens already merged are not lost: they go out before the error.
+  std::string events = tokens_.empty() ? std::string() : chunk(std::nullopt, std::nullopt);
+  events += sse_error_event(error.message, error.status >= 500 ? "InternalServerError" : error.type,
+                            error.status);
+  events += kSseDone;
+  call_->stream->write(std::move(events));
+  Response streamed{error.status, ""};
+  streamed.streamed = true;
+  end(std::move(streamed));
+}
+
+void Rollout::end(Response response) {
+  ended_ = true;
+  response.tokens = completion_tokens_;
+  if (first_token_at_) {
+    response.first_token_seconds =
+        std::chrono::duration<double>(*first_token_at_ - setup_.started).count();
+  }
+  Done done = std::move(done_);
+  service_.finished(setup_.request_id);
+  done(std::move(response));
+}
+
+}  // namespace vllmd::api

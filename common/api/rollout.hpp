@@ -1,0 +1,89 @@
+#pragma once
+// One generation request on its way through an engine: the sink the engine client feeds on its
+// IO thread (engine_requests.hpp). It turns each step's delta into the client's answer: kept
+// for one JSON body at the end, or written as one SSE event, merged with the next ones while
+// the client has not taken the previous (so a slow reader costs one event per step at most,
+// and a reader too slow for stream_buffer_limit is cut off).
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/api/call.hpp"
+#include "common/api/errors.hpp"
+#include "common/api/generation_render.hpp"
+#include "common/engine/engine_requests.hpp"
+
+namespace vllmd::api {
+
+class GenerationService;
+
+struct RolloutSetup {
+  std::string request_id;  // as the client knows it: "generate-tokens-<base>"
+  std::string engine_id;   // unique among the requests in flight
+  std::string model_name;
+  std::int64_t created = 0;
+  std::int64_t prompt_tokens = 0;
+  std::vector<std::int64_t> prompt_token_ids;  // for the body's prompt_token_ids
+  bool stream = false;
+  bool include_usage = false;
+  bool continuous_usage = false;
+  std::optional<std::int64_t> logprobs;  // k, when asked for
+  bool prompt_logprobs = false;
+  std::size_t stream_buffer_limit = 0;
+  std::chrono::steady_clock::time_point started;
+};
+
+class Rollout final : public engine::RequestSink {
+ public:
+  Rollout(GenerationService& service, engine::EngineRequests& requests, RolloutSetup setup,
+          CallPtr call, Done done);
+
+  void on_sent(int rank) override;
+  void on_output(const wire::OutputView& output) override;
+  void on_closed(engine::Closed why, std::string_view message) override;
+
+  // Any thread. The client left: the engine stops, and nobody gets an answer.
+  void cancel();
+  // Any thread. The engine stops; the answer ends with the tokens so far and "abort".
+  void abort();
+
+  const std::string& request_id() const { return setup_.request_id; }
+  const std::string& engine_id() const { return setup_.engine_id; }
+
+ private:
+  void take(const wire::OutputView& output);
+  void finish(std::string_view reason, std::optional<std::int64_t> stop_token);
+  void fail(const ApiError& error);
+  // Streams: the merged delta as one event (with the finish reason at the end).
+  std::string chunk(std::optional<std::string_view> finish_reason,
+                    std::optional<std::int64_t> stop_token) const;
+  void write_delta();
+  std::string body(std::string_view finish_reason, std::optional<std::int64_t> stop_token) const;
+  Usage usage() const;
+  void end(Response response);
+
+  GenerationService& service_;
+  engine::EngineRequests& requests_;
+  const RolloutSetup setup_;
+  CallPtr call_;
+  Done done_;
+
+  // IO thread only.
+  bool streaming_ = false;  // the SSE head went out
+  bool ended_ = false;
+  std::vector<std::int64_t> tokens_;  // all of them, or a stream's unsent delta
+  std::string logprob_items_;         // likewise, rendered
+  std::string prompt_logprob_rows_;
+  std::string kv_transfer_params_ = "null";
+  std::int64_t completion_tokens_ = 0;
+  std::int64_t cached_tokens_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> first_token_at_;
+
+  std::atomic<bool> client_gone_{false};
+};
+
+}  // namespace vllmd::api
