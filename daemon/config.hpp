@@ -50,9 +50,9 @@ struct Config {
   double probe_interval = 10;                 // liveness probe of an idle engine; 0: off
   std::int64_t world_size = 1;                // for engines that send an empty registration
   std::string served_model_name = "default";  // GET /v1/models
-  std::string model;  // --model DIR: config.json and generation_config.json; empty: none
-  std::string backend = "nccl";               // embedded reference engine
-  int tensor_parallel_size = 1;               // embedded reference engine
+  std::string model;             // --model DIR: config.json and generation_config.json; empty: none
+  std::string backend = "nccl";  // embedded reference engine
+  int tensor_parallel_size = 1;  // embedded reference engine
   // [log]
   std::string log_level = "info";
 

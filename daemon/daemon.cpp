@@ -218,16 +218,17 @@ std::optional<int> answer_without_serving(const tl::expected<Invocation, LoadErr
 
 void log_model(const Config& config, const api::ModelInfo& model) {
   if (config.model.empty()) {
-    util::log::notice("no model directory (engine.model, --model): generation stops only at "
-                      "max_tokens, max_model_len or the stop_token_ids a request names, and "
-                      "prompts are not checked against the vocabulary");
+    util::log::notice(
+        "no model directory (engine.model, --model): generation stops only at "
+        "max_tokens, max_model_len or the stop_token_ids a request names, and "
+        "prompts are not checked against the vocabulary");
     return;
   }
   std::string eos = model.eos_token_id ? std::to_string(*model.eos_token_id) : "none";
   for (const std::int64_t id : model.extra_eos_token_ids) eos += "," + std::to_string(id);
   util::log::info("model ", config.model, ": vocabulary ",
-                  model.vocab_size ? std::to_string(*model.vocab_size) : "unknown",
-                  ", EOS ids ", eos,
+                  model.vocab_size ? std::to_string(*model.vocab_size) : "unknown", ", EOS ids ",
+                  eos,
                   model.max_new_tokens ? ", max_new_tokens " + std::to_string(*model.max_new_tokens)
                                        : std::string());
 }

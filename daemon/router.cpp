@@ -170,6 +170,8 @@ http::Decision Router::decide(const http::RequestHead& head,
     match->session = std::string(session);
   }
   if (route->handling == api::Handling::kGenerate) {
+    // A client that leaves (a plain FIN included) stops the engine's work for it.
+    decision.cancel_on_hangup = true;
     match->request_id = field_if_present(head, "x-request-id");
     match->data_parallel_rank = field_if_present(head, "x-data-parallel-rank");
   }
@@ -196,7 +198,8 @@ void Router::serve(const std::shared_ptr<RouteMatch>& match, const http::Exchang
     auto done = [this, match, exchange](api::Response reply) {
       answer(*match, *exchange, std::move(reply));
     };
-    if (generation && context_.generation != nullptr) return context_.generation->handle(call, done);
+    if (generation && context_.generation != nullptr)
+      return context_.generation->handle(call, done);
     context_.service->handle(call, done);
   };
   if (on_executor && context_.executor != nullptr) return context_.executor->post(run);
@@ -243,12 +246,12 @@ void Router::record(const std::optional<util::IpAddress>& peer, std::string_view
   const auto rounded = [](double ms) { return static_cast<long long>(ms * 1000) / 1000.0; };
   if (route != nullptr && route->handling == api::Handling::kGenerate &&
       route->operation == api::Operation::kGenerate) {
-    return util::log::info(peer_text(peer), " ", util::log::escaped(method), " ",
-                           util::log::escaped(path), " ", status, " ", rounded(total_ms),
-                           "ms tokens=", generated.tokens, " ttft=",
-                           generated.first_token_seconds
-                               ? std::to_string(rounded(*generated.first_token_seconds * 1e3)) + "ms"
-                               : std::string("-"));
+    return util::log::info(
+        peer_text(peer), " ", util::log::escaped(method), " ", util::log::escaped(path), " ",
+        status, " ", rounded(total_ms), "ms tokens=", generated.tokens, " ttft=",
+        generated.first_token_seconds
+            ? std::to_string(rounded(*generated.first_token_seconds * 1e3)) + "ms"
+            : std::string("-"));
   }
   util::log::info(peer_text(peer), " ", util::log::escaped(method), " ", util::log::escaped(path),
                   " ", status, " ", rounded(total_ms), "ms engine=", rounded(engine_ms), "ms");
