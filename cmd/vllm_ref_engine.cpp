@@ -172,7 +172,7 @@ void define_engine_flags(CLI::App& app, Flags& flags) {
           ""))
       ->capture_default_str();
   app.add_option("--record", flags.record,
-                 "Append one JSON line per received call (and the DP group) to FILE")
+                 "Append one JSON line per received call, ADD and ABORT (and the DP group) to FILE")
       ->type_name("FILE");
 }
 

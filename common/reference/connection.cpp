@@ -161,6 +161,7 @@ std::optional<Outcome> FrontendConnection::handle(const std::vector<zmq::message
 }
 
 void FrontendConnection::handle_add(std::string_view payload) {
+  if (options_.on_call) options_.on_call(ReceivedCall{"ADD", std::string(payload), {}});
   auto request = wire::decode_engine_core_request(payload, layout_);
   if (!request) {
     util::log::warning(prefix_, "ignoring an ADD that does not decode as ", layout_.name, ": ",
@@ -173,6 +174,7 @@ void FrontendConnection::handle_add(std::string_view payload) {
 }
 
 void FrontendConnection::handle_abort(std::string_view payload) {
+  if (options_.on_call) options_.on_call(ReceivedCall{"ABORT", std::string(payload), {}});
   auto ids = wire::decode_abort(payload);
   if (!ids) {
     util::log::warning(prefix_, "ignoring a malformed ABORT: ", ids.error());

@@ -43,7 +43,8 @@ struct Faults {
   std::chrono::milliseconds delay_ready{0};
 };
 
-// One UTILITY call as the engine received it, for tests and --record.
+// One UTILITY call as the engine received it, for tests and --record; ADD and ABORT too, with
+// the method "ADD" or "ABORT" and their msgpack payload as args.
 struct ReceivedCall {
   std::string method;
   std::string args_msgpack;   // exactly the bytes on the wire

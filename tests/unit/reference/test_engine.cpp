@@ -134,10 +134,13 @@ TEST_SUITE("reference_engine") {
           "start_weight_update.");
 
     std::lock_guard lock(calls_mutex);
-    REQUIRE(calls.size() == 1);
-    CHECK(calls[0].method == "collective_rpc");
-    CHECK(calls[0].worker_method == "finish_weight_update");
-    CHECK(calls[0].args_msgpack == args->msgpack.str());
+    // The malformed ABORT is recorded as received, and ignored.
+    REQUIRE(calls.size() == 2);
+    CHECK(calls[0].method == "ABORT");
+    CHECK(calls[0].args_msgpack == "junk");
+    CHECK(calls[1].method == "collective_rpc");
+    CHECK(calls[1].worker_method == "finish_weight_update");
+    CHECK(calls[1].args_msgpack == args->msgpack.str());
   }
 
   TEST_CASE("injected failure, keyed by worker method or engine method") {
