@@ -451,6 +451,21 @@ class EngineLossAndStop(GenerateTestCase):
         self.assertEqual(json.loads(events[-2])["choices"][0]["finish_reason"], "abort")
 
 
+class EngineErrors(GenerateTestCase):
+    def test_a_request_the_engine_ends_with_error_is_a_500_or_an_error_event(self):
+        daemon, _ = self.start(engine_flags=["--inject-fail", "generate"])
+        response = self.generate(daemon, body([1], max_tokens=4))
+        self.assert_error(response, 500, "server_error", message="Internal server error")
+        with self.generate(daemon, {**body([1], max_tokens=4), "stream": True},
+                           stream=True) as response:
+            self.assertEqual(response.status_code, 200)
+            events = sse_events(response)
+        self.assertEqual(events[-1], "[DONE]")
+        self.assertEqual(json.loads(events[-2]),
+                         {"error": {"message": "Internal server error",
+                                    "type": "InternalServerError", "param": None, "code": 500}})
+
+
 class DataParallel(GenerateTestCase):
     def test_requests_spread_over_ranks_and_the_header_pins_one(self):
         daemon, engines = self.start(dp=2, engine_flags=["--step-ms", "20"])
