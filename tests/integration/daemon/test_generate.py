@@ -306,8 +306,11 @@ class Disconnects(GenerateTestCase):
             sampler.join()
             client.close()
         # At most the 8 MiB limit of merged deltas and unsent bytes, plus allocator slack.
-        grown = peak[0] - rss_before
-        self.assertLess(grown, 24 << 20, f"RSS grew by {grown >> 20} MiB")
+        # Under ASan freed memory sits in its quarantine (256 MiB) instead of being reused, so
+        # RSS says nothing there; the cut above is still checked.
+        if "ASAN_OPTIONS" not in os.environ:
+            grown = peak[0] - rss_before
+            self.assertLess(grown, 24 << 20, f"RSS grew by {grown >> 20} MiB")
 
 
 def daemon_rss(daemon):
