@@ -103,19 +103,22 @@ Usage Rollout::usage() const { return {setup_.prompt_tokens, completion_tokens_,
 
 std::string Rollout::chunk(std::optional<std::string_view> finish_reason,
                            std::optional<std::int64_t> stop_token) const {
-  std::string json = "{\"request_id\":";
-  wire::append_json_string(json, setup_.request_id);
-  json += ",\"choices\":[";
-  append_choice(json,
+  // The event is rendered in place: one allocation per event, whatever its size.
+  std::string event;
+  event.reserve(128 + setup_.request_id.size() + tokens_.size() * 8 + logprob_items_.size());
+  event += "data: {\"request_id\":";
+  wire::append_json_string(event, setup_.request_id);
+  event += ",\"choices\":[";
+  append_choice(event,
                 {tokens_, setup_.logprobs ? &logprob_items_ : nullptr, finish_reason, stop_token});
-  json += "],\"usage\":";
+  event += "],\"usage\":";
   if (setup_.continuous_usage) {
-    append_usage(json, usage());
+    append_usage(event, usage());
   } else {
-    json += "null";
+    event += "null";
   }
-  json += '}';
-  return sse_event(json);
+  event += "}\n\n";
+  return event;
 }
 
 void Rollout::write_delta() {
