@@ -56,6 +56,20 @@ void Metrics::count_request(const api::Route* route, int status) {
   ++requests_[{index, status}];
 }
 
+void Metrics::generation_finished(std::int64_t tokens, std::optional<double> first_token_seconds) {
+  std::lock_guard lock(mutex_);
+  generation_tokens_ += static_cast<std::uint64_t>(tokens);
+  if (!first_token_seconds) return;
+  for (std::size_t i = 0; i < kFirstTokenBuckets.size(); ++i) {
+    if (*first_token_seconds <= kFirstTokenBuckets[i]) {
+      ++first_token_buckets_[i];
+      break;
+    }
+  }
+  ++first_token_count_;
+  first_token_sum_ += *first_token_seconds;
+}
+
 namespace {
 
 // One metric without labels: its HELP and TYPE lines, then its value.
@@ -171,6 +185,24 @@ void Metrics::write_requests(std::ostream& out) const {
   }
 }
 
+void Metrics::write_generations(std::ostream& out, std::size_t in_flight) const {
+  write_single(out, "vllmd_generations_in_flight", "gauge",
+               "Generation requests sent to engines and not yet ended.", in_flight);
+  write_single(out, "vllmd_generation_tokens_total", "counter",
+               "Tokens generated for requests that ended.", generation_tokens_);
+  constexpr std::string_view kName = "vllmd_time_to_first_token_seconds";
+  out << "# HELP " << kName << " From a generation request's arrival to its first token.\n"
+      << "# TYPE " << kName << " histogram\n";
+  std::uint64_t cumulative = 0;
+  for (std::size_t i = 0; i < kFirstTokenBuckets.size(); ++i) {
+    cumulative += first_token_buckets_[i];
+    out << kName << "_bucket{le=\"" << kFirstTokenBuckets[i] << "\"} " << cumulative << "\n";
+  }
+  out << kName << "_bucket{le=\"+Inf\"} " << first_token_count_ << "\n"
+      << kName << "_sum " << first_token_sum_ << "\n"
+      << kName << "_count " << first_token_count_ << "\n";
+}
+
 namespace {
 
 // vLLM's gauge: 1 for the state each engine is in, 0 for the others.
@@ -189,13 +221,15 @@ void write_sleep_states(std::ostream& out, const std::vector<std::string_view>& 
 
 std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
                             std::size_t pending_calls, const ConnectionGauges& connections,
-                            const std::vector<std::string_view>& sleep_states) const {
+                            const std::vector<std::string_view>& sleep_states,
+                            std::size_t generations) const {
   std::ostringstream out;
   out.precision(9);
   std::lock_guard lock(mutex_);
   write_operations(out);
   write_sleep_states(out, sleep_states);
   write_requests(out);
+  write_generations(out, generations);
   write_engines(out, engines, pending_calls);
   write_connections(out, connections);
   return out.str();

@@ -9,6 +9,7 @@
 #include <iosfwd>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -42,10 +43,19 @@ class Metrics {
                           bool reached_engine);
   // `route`: the table's row, or nullptr for a path outside the table.
   void count_request(const api::Route* route, int status);
+  // A generation ended (answered, failed or left): its tokens and, once one came, the time
+  // from its request to its first token.
+  void generation_finished(std::int64_t tokens, std::optional<double> first_token_seconds);
   // `sleep_states`: by rank, as api::WeightSyncService::sleep_states gives them.
+  // `generations`: in flight now.
   std::string render(const std::vector<engine::EngineStatus>& engines, std::size_t pending_calls,
                      const ConnectionGauges& connections,
-                     const std::vector<std::string_view>& sleep_states = {}) const;
+                     const std::vector<std::string_view>& sleep_states = {},
+                     std::size_t generations = 0) const;
+
+  // Time to first token, seconds (vLLM's buckets up to 10 s); +Inf is implied.
+  static constexpr std::array<double, 16> kFirstTokenBuckets = {
+      0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10};
 
  private:
   struct Histogram {
@@ -59,13 +69,18 @@ class Metrics {
     std::uint64_t failed = 0;
     std::int64_t in_flight = 0;
   };
-  void write_operations(std::ostream& out) const;  // with mutex_ held
-  void write_requests(std::ostream& out) const;    // with mutex_ held
+  void write_operations(std::ostream& out) const;                          // with mutex_ held
+  void write_requests(std::ostream& out) const;                            // with mutex_ held
+  void write_generations(std::ostream& out, std::size_t in_flight) const;  // with mutex_ held
 
   mutable std::mutex mutex_;
   std::map<std::string, Operation, std::less<>> operations_;
   // By route (an index into api::routes(); routes().size() for any other path) and status.
   std::map<std::pair<std::size_t, int>, std::uint64_t> requests_;
+  std::uint64_t generation_tokens_ = 0;
+  std::array<std::uint64_t, kFirstTokenBuckets.size()> first_token_buckets_{};  // non-cumulative
+  std::uint64_t first_token_count_ = 0;
+  double first_token_sum_ = 0;
 };
 
 }  // namespace vllmd::daemon

@@ -214,10 +214,11 @@ void Router::answer(const RouteMatch& match, http::Exchange& exchange, api::Resp
   const double engine = reply.engine_seconds * 1e3;
   const Generated generated{reply.tokens, reply.first_token_seconds};
   if (reply.streamed || reply.status == api::kClientClosedRequest) {
-    // The answer went out as a stream (or nowhere): end it, and log it once.
+    // The answer went out as a stream (or nowhere): log it once, then end it.
+    record(match.peer, match.route->method, match.route->path, match.route, reply.status, total,
+           engine, generated);
     if (reply.streamed) exchange.stream_end();
-    return record(match.peer, match.route->method, match.route->path, match.route, reply.status,
-                  total, engine, generated);
+    return;
   }
   http::Response response;
   response.status = reply.status;
@@ -231,21 +232,26 @@ void Router::answer(const RouteMatch& match, http::Exchange& exchange, api::Resp
                   engine, std::max(0.0, total - read - engine));
     response.headers.emplace_back("Server-Timing", timing);
   }
-  const int status = response.status;
+  // Counted before the answer leaves: a client that has it sees it in /metrics.
+  record(match.peer, match.route->method, match.route->path, match.route, response.status, total,
+         engine, generated);
   exchange.respond(response);
-  record(match.peer, match.route->method, match.route->path, match.route, status, total, engine,
-         generated);
 }
 
 // The access-log line and the request counter, for every request.
 void Router::record(const std::optional<util::IpAddress>& peer, std::string_view method,
                     std::string_view path, const api::Route* route, int status, double total_ms,
                     double engine_ms, const Generated& generated) const {
-  if (context_.metrics != nullptr) context_.metrics->count_request(route, status);
+  const bool generation = route != nullptr && route->operation == api::Operation::kGenerate;
+  if (context_.metrics != nullptr) {
+    context_.metrics->count_request(route, status);
+    if (generation) {
+      context_.metrics->generation_finished(generated.tokens, generated.first_token_seconds);
+    }
+  }
   if (!util::log::enabled(util::log::Level::kInfo)) return;
   const auto rounded = [](double ms) { return static_cast<long long>(ms * 1000) / 1000.0; };
-  if (route != nullptr && route->handling == api::Handling::kGenerate &&
-      route->operation == api::Operation::kGenerate) {
+  if (generation) {
     return util::log::info(
         peer_text(peer), " ", util::log::escaped(method), " ", util::log::escaped(path), " ",
         status, " ", rounded(total_ms), "ms tokens=", generated.tokens, " ttft=",

@@ -115,6 +115,10 @@ class PlainAndStreamed(GenerateTestCase):
         self.assertEqual(add["external_req_id"], "generate-tokens-r1")
         self.assertEqual(add["prompt_token_ids"], prompt)
         self.assertIn("tokens=6", daemon.log())
+        # Counted once, at its end.
+        self.assertEqual(daemon.metric("vllmd_generation_tokens_total"), 6)
+        self.assertEqual(daemon.metric("vllmd_time_to_first_token_seconds_count"), 1)
+        self.assertEqual(daemon.metric("vllmd_generations_in_flight"), 0)
 
     def test_streamed_deltas_terminal_chunk_usage_and_done(self):
         daemon, _ = self.start()
