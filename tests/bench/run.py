@@ -23,7 +23,13 @@ against tests/bench/baseline/server.py (FastAPI + uvicorn, the same engine):
   startup      spawn to READY=1 (sd_notify) and to the first 200 on /health, vllmd with its
                embedded engine; spawn (server and engine together) to /health 200 in
                external mode, for both servers;
-  floor        one simdjson pass over each update body (json_floor).
+  floor        one simdjson pass over each update body (json_floor);
+  generate     POST /inference/v1/generate streamed (SSE) at 1,024 and 4,096 concurrent
+               streams of 256 tokens (sse_load), against vllmd and against
+               baseline/generate_server.py (asyncio + pyzmq + msgpack, one output-handler
+               task, as vLLM's AsyncLLM), each with its own engine; CPU per token (user,
+               kernel), events per token, added time to first token, RSS per stream, threads;
+               and its floor: one SSE event's write to a loopback socket (sse_floor).
 Exit status: 0 when every step ran (targets met or not), 1 when a step failed, 130 on ^C.
 """
 
@@ -40,6 +46,7 @@ import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 
+from runner.generate import report_generate, run_generate  # noqa: E402
 from runner.common import (BASELINE_SERVER, GROUPS, PAYLOADS, REPO,  # noqa: E402
                            SERVERS, START, log)
 from runner.procs import stop_all  # noqa: E402
@@ -118,6 +125,10 @@ def check_binaries(ctx, servers):
                  f"build first: cmake -S {REPO} -B {ctx.args.build_dir} -G Ninja "
                  f"-DCMAKE_BUILD_TYPE=Release && ninja -C {ctx.args.build_dir}")
     notes = []
+    if "generate" in ctx.groups:
+        lacking = [n for n in ("sse_load", "sse_floor") if not os.access(ctx.bin(n), os.X_OK)]
+        if lacking:
+            sys.exit(f"run.py: missing in {ctx.args.build_dir}: {', '.join(lacking)}")
     if "floor" in ctx.groups and not os.access(ctx.bin("json_floor"), os.X_OK):
         ctx.groups.remove("floor")
         notes.append("json_floor was not built (libsimdjson-dev missing?): no floor figures")
@@ -193,6 +204,11 @@ def main(argv):
             for server in servers:
                 results[server]["startup"] = attempt(f"{server} startup", scenario_startup,
                                                      ctx, server)
+        if "generate" in groups:
+            generated = run_generate(ctx, servers)
+            for server in servers:
+                results[server].update(generated.get(server, {}))
+            results["floor"].update(generated.get("floor", {}))
     except KeyboardInterrupt:
         log("interrupted: stopping every process")
         stop_all()
@@ -204,6 +220,8 @@ def main(argv):
 
     elapsed = time.monotonic() - START
     report = build_report(results, ctx, servers)
+    if "generate" in groups:
+        report_generate(report, results, ctx)
     out = sys.stdout
     print("vllmd benchmark (tests/bench/run.py)", file=out)
     for line in header:

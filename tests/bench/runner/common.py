@@ -25,7 +25,7 @@ PAYLOADS = [
 ]
 CONNECTIONS = [1, 16, 64]
 SERVERS = ["vllmd", "baseline"]
-GROUPS = ["weight_info", "pairs", "update", "health", "startup", "floor"]
+GROUPS = ["weight_info", "pairs", "update", "health", "startup", "floor", "generate"]
 
 
 class Settings:

@@ -12,7 +12,8 @@ from runner.procs import Process, die_with_parent, clean_env, free_port, health_
 class Rig:
     """vllmd (external engine mode) or the baseline, plus `dp` vllm-ref-engine processes."""
 
-    def __init__(self, ctx, server, backend="nccl", engine_extra=(), dp=1):
+    def __init__(self, ctx, server, backend="nccl", engine_extra=(), dp=1,
+                 baseline_script=BASELINE_SERVER, env_extra=None):
         self.ctx = ctx
         self.server = server
         self.handshake = f"tcp://{HOST}:{free_port()}"
@@ -27,10 +28,11 @@ class Rig:
         else:
             self.port = free_port()
             port_file = None
-            argv = [PYTHON, BASELINE_SERVER, "--host", HOST, "--port", str(self.port),
+            argv = [PYTHON, baseline_script, "--host", HOST, "--port", str(self.port),
                     "--handshake-address", self.handshake, "--data-parallel-size", str(dp),
                     "--dev-mode", "--log-level", "warning", *ctx.args.baseline_arg]
-        self.process = Process(server, argv, os.path.join(ctx.workdir, f"{tag}.log"))
+        self.process = Process(server, argv, os.path.join(ctx.workdir, f"{tag}.log"),
+                               env=clean_env(env_extra))
         self.engines = []
         try:
             for rank in range(dp):
@@ -125,7 +127,8 @@ class Context:
     def bin(self, name):
         paths = {"vllmd": "daemon/vllmd", "vllm-ref-engine": "cmd/vllm-ref-engine",
                  "http_load": "tests/bench/http_load", "make_payload": "tests/bench/make_payload",
-                 "json_floor": "tests/bench/json_floor"}
+                 "json_floor": "tests/bench/json_floor", "sse_load": "tests/bench/sse_load",
+                 "sse_floor": "tests/bench/sse_floor"}
         return os.path.join(self.args.build_dir, paths[name])
 
     def run_json(self, argv, timeout):
