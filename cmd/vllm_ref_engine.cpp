@@ -229,6 +229,15 @@ void define_fault_flags(CLI::App& app, Flags& flags) {
 
 // Appends each received call to a file as one JSON line (and the DP group, once formed),
 // flushed at once so a test can read it while the engine runs (and after it was killed).
+// Steady-clock seconds, as the engine times its steps: "at" of every recorded line.
+std::string now_text() {
+  char text[32];
+  std::snprintf(
+      text, sizeof text, "%.6f",
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  return text;
+}
+
 class Recorder {
  public:
   explicit Recorder(std::FILE* file) : file_(file) {}
@@ -240,7 +249,8 @@ class Recorder {
 
   void write(const ReceivedCall& call) {
     static constexpr char kHex[] = "0123456789abcdef";
-    std::string line = "{\"method\":" + vllmd::wire::json_string(call.method);
+    std::string line =
+        "{\"at\":" + now_text() + ",\"method\":" + vllmd::wire::json_string(call.method);
     line += ",\"worker_method\":";
     line += call.worker_method.empty() ? "null" : vllmd::wire::json_string(call.worker_method);
     line += ",\"args\":";
@@ -253,6 +263,19 @@ class Recorder {
       line.push_back(kHex[byte & 0xf]);
     }
     line += "\"}\n";
+    append(line);
+  }
+
+  // The requests whose first tokens a step sent, and when (see ReferenceEngineOptions).
+  void write_first(const std::vector<std::string>& ids, double sent_at) {
+    char at[32];
+    std::snprintf(at, sizeof at, "%.6f", sent_at);
+    std::string line = std::string("{\"at\":") + at + ",\"method\":\"FIRST\",\"args\":[";
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (i != 0) line += ',';
+      line += vllmd::wire::json_string(ids[i]);
+    }
+    line += "]}\n";
     append(line);
   }
 
@@ -308,6 +331,10 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
     options.on_call = [raw = recorder.get()](const ReceivedCall& call) { raw->write(call); };
     options.on_dp_group = [raw = recorder.get()](const vllmd::reference::DpGroup& group) {
       raw->write(group);
+    };
+    options.on_first_outputs = [raw = recorder.get()](const std::vector<std::string>& ids,
+                                                      double sent_at) {
+      raw->write_first(ids, sent_at);
     };
   }
   // "Exit" in a fault means the process dies, as a crashing vLLM engine would.

@@ -175,6 +175,7 @@ struct EngineClient::Impl {
   struct InFlight {
     int rank = 0;
     std::shared_ptr<RequestSink> sink;
+    bool started = false;  // an output came for it
   };
   // Looked up by the string_view an output holds: no string is built per output.
   struct IdHash {
@@ -184,6 +185,8 @@ struct EngineClient::Impl {
   // Generations, by engine request id.
   using RequestTable = std::unordered_map<std::string, InFlight, IdHash, std::equal_to<>>;
   RequestTable requests;
+  // on_outputs' second pass, reused message after message.
+  std::vector<std::pair<RequestTable::iterator, const wire::OutputView*>> later;
   bool loads_changed = false;
   std::unordered_map<std::uint64_t, PendingCall> pending;
   std::size_t probes_pending = 0;
@@ -227,6 +230,7 @@ struct EngineClient::Impl {
   InFlight take_request(RequestTable::iterator found);
   EngineSlot* choose_engine(const std::optional<int>& rank, std::string& why);
   void send_aborts(const std::vector<std::string>& ids);
+  void deliver(RequestTable::iterator found, const wire::OutputView& delta);
   void on_outputs(const wire::DecodedOutputs& decoded);
   void end_requests(int rank, Closed why, const std::string& message);
   void publish_loads();

@@ -127,17 +127,22 @@ void EngineClient::Impl::on_outputs(const wire::DecodedOutputs& decoded) {
       engine.next_probe = Clock::now() + options.probe_interval;
     }
   }
+  // First outputs go first: a new request's first token then leaves ahead of the step's
+  // burst of deltas for the others, and the time to first token does not grow with how many
+  // streams are open. Sinks add no request meanwhile, so the iterators kept stay valid.
+  later.clear();
   for (const wire::OutputView& delta : decoded.outputs) {
     // An id not in flight: a request aborted or ended meanwhile, or none of ours.
     auto found = requests.find(delta.request_id);
     if (found == requests.end()) continue;
-    if (!delta.finish_reason) {
-      found->second.sink->on_output(delta);
+    if (found->second.started) {
+      later.emplace_back(found, &delta);
       continue;
     }
-    InFlight request = take_request(found);
-    request.sink->on_output(delta);
+    found->second.started = true;
+    deliver(found, delta);
   }
+  for (const auto& [found, delta] : later) deliver(found, *delta);
   // Finished without a finishing output: no request may wait for one that never comes.
   for (std::string_view id : decoded.finished_requests) {
     auto found = requests.find(id);
@@ -147,6 +152,12 @@ void EngineClient::Impl::on_outputs(const wire::DecodedOutputs& decoded) {
                             "engine rank " + std::to_string(request.rank) +
                                 " finished the request without a final output");
   }
+}
+
+void EngineClient::Impl::deliver(RequestTable::iterator found, const wire::OutputView& delta) {
+  if (!delta.finish_reason) return found->second.sink->on_output(delta);
+  InFlight request = take_request(found);
+  request.sink->on_output(delta);
 }
 
 void EngineClient::Impl::end_requests(int rank, Closed why, const std::string& message) {

@@ -186,6 +186,14 @@ void FrontendConnection::handle_abort(std::string_view payload) {
 void FrontendConnection::run_step() {
   const wire::OutputsToSend& outputs = core_.scheduler().step(monotonic_seconds());
   sockets_.send_frames(sockets_.output, wire::encode_outputs(outputs, encoding_));
+  if (options_.on_first_outputs) {
+    // A request's first output is the one that carries its prefill stats.
+    std::vector<std::string> first;
+    for (const wire::OutputToSend& output : outputs.outputs) {
+      if (output.num_cached_tokens) first.push_back(output.request_id);
+    }
+    if (!first.empty()) options_.on_first_outputs(first, monotonic_seconds());
+  }
   // Pauses in mode wait complete once nothing runs.
   if (core_.scheduler().running() == 0) {
     for (const std::string& frame : held_.take_when_idle()) sockets_.send(sockets_.output, frame);

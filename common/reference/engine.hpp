@@ -19,6 +19,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/reference/core.hpp"
 #include "common/reference/dp_group.hpp"
@@ -77,6 +78,9 @@ struct ReferenceEngineOptions {
   Faults faults;
   std::function<void(const ReceivedCall&)> on_call;  // called before the call is handled
   std::function<void(const DpGroup&)> on_dp_group;   // called once the DP group formed
+  // After a step's output went out: the requests whose first tokens it held, and when it was
+  // sent (steady clock, seconds). For benchmarks that time what a frontend adds.
+  std::function<void(const std::vector<std::string>& request_ids, double sent_at)> on_first_outputs;
   // What "exit" means for exit_silently/send_dead: the standalone binary passes a function
   // that ends the process; by default the engine thread closes its sockets and stops.
   std::function<void()> on_fault_exit;

@@ -144,8 +144,8 @@ class Runner {
       if (next_send == streams_.size() && finished_ == open) break;
       int timeout_ms = 100;
       if (next_send < streams_.size()) {
-        const auto wait = std::chrono::ceil<std::chrono::milliseconds>(streams_[next_send].due -
-                                                                      Clock::now());
+        const auto wait =
+            std::chrono::ceil<std::chrono::milliseconds>(streams_[next_send].due - Clock::now());
         timeout_ms = static_cast<int>(std::clamp<std::int64_t>(wait.count(), 0, 100));
       }
       const int n = ::epoll_wait(epoll_, ready, 512, timeout_ms);
@@ -162,6 +162,23 @@ class Runner {
       }
     }
     end_ = Clock::now();
+  }
+
+  // One line per stream that got a first event: its id, when its request's last byte went and
+  // when its first event came, in CLOCK_MONOTONIC seconds (the engines' clock on this machine).
+  void write_times(const std::string& path) const {
+    std::FILE* out = std::fopen(path.c_str(), "w");
+    if (out == nullptr) return;
+    const auto seconds = [](Clock::time_point t) {
+      return std::chrono::duration<double>(t.time_since_epoch()).count();
+    };
+    for (std::size_t i = 0; i < streams_.size(); ++i) {
+      const Stream& s = streams_[i];
+      if (s.have_first) {
+        std::fprintf(out, "s%zu %.6f %.6f\n", i, seconds(s.request_sent), seconds(s.first_event));
+      }
+    }
+    std::fclose(out);
   }
 
   void report(double ramp_s) const {
@@ -211,9 +228,9 @@ class Runner {
         static_cast<unsigned long long>(events), static_cast<unsigned long long>(tokens),
         static_cast<unsigned long long>(max_events),
         static_cast<unsigned long long>(events_over_tokens), ramp_s, window_s,
-        window_s > 0 ? static_cast<double>(tokens) / window_s : 0.0, pct(ttft, 0.5),
-        pct(ttft, 0.9), pct(ttft, 0.99), pct(ttft, 1.0), pct(period, 0.5), pct(period, 0.1),
-        pct(period, 0.9), micros(end_ - start_) / 1e6);
+        window_s > 0 ? static_cast<double>(tokens) / window_s : 0.0, pct(ttft, 0.5), pct(ttft, 0.9),
+        pct(ttft, 0.99), pct(ttft, 1.0), pct(period, 0.5), pct(period, 0.1), pct(period, 0.9),
+        micros(end_ - start_) / 1e6);
   }
 
  private:
@@ -253,10 +270,21 @@ class Runner {
     if (was_running) ++finished_;
   }
 
+  // The request of stream `index`: the shared head, its own X-Request-Id (s<index>), the body.
+  void build_request(std::uint64_t index) {
+    const std::size_t fields = request_.find("\r\n") + 2;
+    one_request_ = request_.substr(0, fields) + "X-Request-Id: s" + std::to_string(index) + "\r\n" +
+                   request_.substr(fields);
+  }
+
   void send_some(Stream& s, std::uint64_t index) {
-    while (s.sent < request_.size()) {
-      const ssize_t n = ::send(s.fd, request_.data() + s.sent, request_.size() - s.sent,
-                               MSG_NOSIGNAL);
+    if (s.sent == 0 || one_request_index_ != index) {
+      build_request(index);
+      one_request_index_ = index;
+    }
+    while (s.sent < one_request_.size()) {
+      const ssize_t n =
+          ::send(s.fd, one_request_.data() + s.sent, one_request_.size() - s.sent, MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EAGAIN) {
           watch(s, index, EPOLLIN | EPOLLOUT);
@@ -323,8 +351,7 @@ class Runner {
       std::size_t at = 0;
       for (;;) {
         if (s.chunk_left > 0) {
-          const std::size_t take =
-              std::min<std::size_t>(s.chunk_left, s.in.size() - at);
+          const std::size_t take = std::min<std::size_t>(s.chunk_left, s.in.size() - at);
           s.events.append(s.in, at, take);
           at += take;
           s.chunk_left -= take;
@@ -389,6 +416,8 @@ class Runner {
 
   sockaddr_in address_;
   std::string request_;
+  std::string one_request_;  // the request being sent, with its stream's id
+  std::uint64_t one_request_index_ = ~std::uint64_t{0};
   std::vector<Stream> streams_;
   int epoll_ = -1;
   Totals totals_;
@@ -414,6 +443,9 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", timeout, "seconds the whole run may take");
   app.add_option("--body", body, "the request body (JSON)")->required();
   app.add_option("--path", path, "the route");
+  std::string times;
+  app.add_option("--times", times,
+                 "write each stream's id (X-Request-Id s<N>), request and first-event times here");
   CLI11_PARSE(app, argc, argv);
 
   sockaddr_in address{};
@@ -422,7 +454,8 @@ int main(int argc, char** argv) {
   ::inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
   std::string request = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port) +
                         "\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
-                        "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+                        "Content-Length: " +
+                        std::to_string(body.size()) + "\r\n\r\n" + body;
   Runner runner(address, request, streams);
   const auto connect_start = Clock::now();
   runner.connect_all(batch, 30.0);
@@ -432,5 +465,6 @@ int main(int argc, char** argv) {
                micros(Clock::now() - connect_start) / 1e3);
   runner.run(ramp, timeout);
   runner.report(ramp);
+  if (!times.empty()) runner.write_times(times);
   return 0;
 }

@@ -309,3 +309,48 @@ TEST_CASE("the ADD follows the layout of the engine's registered vLLM version") 
   CHECK(older.name == "2025");
   CHECK(next_add(engine, older) == sent);
 }
+
+namespace {
+
+// Notes, in one list shared by several sinks, which sink heard an output when.
+class OrderSink final : public RequestSink {
+ public:
+  OrderSink(std::string name, std::vector<std::string>& heard, std::mutex& mutex)
+      : name_(std::move(name)), heard_(heard), mutex_(mutex) {}
+  void on_sent(int /*rank*/) override {}
+  void on_output(const wire::OutputView& /*output*/) override {
+    std::lock_guard lock(mutex_);
+    heard_.push_back(name_);
+  }
+  void on_closed(Closed /*why*/, std::string_view /*message*/) override {}
+
+ private:
+  std::string name_;
+  std::vector<std::string>& heard_;
+  std::mutex& mutex_;
+};
+
+}  // namespace
+
+TEST_CASE("a request's first output is handed on before the step's other deltas") {
+  Attached link;
+  std::mutex mutex;
+  std::vector<std::string> heard;
+  const auto heard_now = [&] {
+    std::lock_guard lock(mutex);
+    return heard;
+  };
+  link.client->generate(
+      Generation{request("old"), std::nullopt, std::make_shared<OrderSink>("old", heard, mutex)});
+  (void)next_add(*link.fakes[0]);
+  link.fakes[0]->send_frames(message({step("old", {1})}));
+  REQUIRE(eventually([&] { return heard_now().size() == 1; }));
+  link.client->generate(
+      Generation{request("new"), std::nullopt, std::make_shared<OrderSink>("new", heard, mutex)});
+  (void)next_add(*link.fakes[0]);
+  // The engine lists the running request first, as its batch holds it; the new one's first
+  // token still goes out ahead.
+  link.fakes[0]->send_frames(message({step("old", {2}), step("new", {9})}));
+  REQUIRE(eventually([&] { return heard_now().size() == 3; }));
+  CHECK(heard_now() == std::vector<std::string>{"old", "new", "old"});
+}
