@@ -126,9 +126,7 @@ Cost one_round(std::size_t bytes, long writes, std::size_t connections, double s
           (seconds(after.ru_stime) - seconds(before.ru_stime)) * 1e6 / n};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"sse_floor: the CPU cost of one SSE event's write to a loopback socket"};
   std::size_t bytes = 170;
   long writes = 200000;
@@ -140,9 +138,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::size_t{1}, std::size_t{60000}));
   app.add_option("--step-ms", step_ms, "time between rounds of writes over the connections");
   app.add_option("--writes", writes, "writes per round");
-  app.add_option("--rounds", rounds, "rounds; the median one is reported");
+  app.add_option("--rounds", rounds, "rounds; the median one is reported")
+      ->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
   std::vector<Cost> costs;
+  costs.reserve(static_cast<std::size_t>(std::max(rounds, 0)));
   for (int i = 0; i < rounds; ++i) costs.push_back(one_round(bytes, writes, connections, step_ms));
   std::sort(costs.begin(), costs.end(),
             [](const Cost& a, const Cost& b) { return a.total() < b.total(); });
@@ -154,4 +154,15 @@ int main(int argc, char** argv) {
       bytes, writes, rounds, connections, step_ms, median.user_us, median.system_us, median.total(),
       costs.front().total(), costs.back().total());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "sse_floor: %s\n", error.what());
+    return 1;
+  }
 }

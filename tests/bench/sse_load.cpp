@@ -425,9 +425,7 @@ class Runner {
   Clock::time_point start_, end_;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"sse_load: concurrent streaming generations, one JSON line of figures"};
   int port = 0;
   int streams = 1024;
@@ -467,4 +465,15 @@ int main(int argc, char** argv) {
   runner.report(ramp);
   if (!times.empty()) runner.write_times(times);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "sse_load: %s\n", error.what());
+    return 1;
+  }
 }
