@@ -213,9 +213,7 @@ async def serve(args, http):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    level = logging.DEBUG if args.log_level == "trace" else getattr(logging,
-                                                                       args.log_level.upper())
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    base.configure_logging(args.log_level)
     http = base.http_implementation(args.http)
     loop_name, uvloop = base.loop_implementation(args.loop)
     log.info("generate baseline: uvicorn %s, http=%s, loop=%s", uvicorn.__version__, http,

@@ -812,6 +812,12 @@ def http_implementation(requested):
         return "h11"
 
 
+def configure_logging(level_name):
+    """The stand-ins' log lines on stderr; "trace" is Python's DEBUG."""
+    level = logging.DEBUG if level_name == "trace" else getattr(logging, level_name.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def loop_implementation(requested):
     if requested in ("auto", "uvloop"):
         try:
@@ -875,9 +881,7 @@ async def serve(args, http):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    level = logging.DEBUG if args.log_level == "trace" else getattr(logging,
-                                                                       args.log_level.upper())
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     http = http_implementation(args.http)
     loop_name, uvloop = loop_implementation(args.loop)
     log.info("baseline %s: uvicorn %s, http=%s, loop=%s", BASELINE_VERSION, uvicorn.__version__,

@@ -18,7 +18,7 @@ import threading
 import time
 
 from runner.common import HERE, log
-from runner.procs import Process
+from runner.procs import Process, read_proc_status
 from runner.rig import start_rig
 
 GENERATE_SERVER = os.path.join(HERE, "baseline", "generate_server.py")
@@ -45,13 +45,8 @@ def cpu_seconds(pid):
 
 
 def rss_threads(pid):
-    values = {}
-    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
-        for line in handle:
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "Threads"):
-                values[key] = int(rest.split()[0])
-    return values.get("VmRSS", 0) * 1024, values.get("Threads", 0)
+    values = read_proc_status(pid)
+    return values.get("VmRSS", 0), values.get("Threads", 0)
 
 
 class Sampler(threading.Thread):

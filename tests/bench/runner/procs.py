@@ -107,11 +107,14 @@ def health_status(port, timeout=1.0):
 
 
 def read_proc_status(pid):
-    """VmRSS and VmHWM (peak RSS) of a process in bytes, from /proc/PID/status."""
+    """VmRSS and VmHWM (peak RSS) of a process in bytes, and its Threads count, from
+    /proc/PID/status."""
     values = {}
     with open(f"/proc/{pid}/status", encoding="ascii") as handle:
         for line in handle:
             key, _, rest = line.partition(":")
             if key in ("VmRSS", "VmHWM"):
                 values[key] = int(rest.split()[0]) * 1024
+            elif key == "Threads":
+                values[key] = int(rest.split()[0])
     return values
