@@ -8,7 +8,7 @@ void ExchangeStream::begin(int status, std::string_view content_type) {
                           {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
 }
 
-void ExchangeStream::write(std::string bytes) { exchange_->stream_write(bytes); }
+void ExchangeStream::write(std::string bytes) { exchange_->stream_write(std::move(bytes)); }
 
 std::size_t ExchangeStream::backlog() const { return exchange_->backlog(); }
 

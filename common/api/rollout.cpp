@@ -13,13 +13,23 @@ using Clock = std::chrono::steady_clock;
 
 // Roughly what a merged token costs once rendered, for the slow-reader limit.
 constexpr std::size_t kBytesPerToken = 8;
+// Room left in each event for the transport's framing (a chunk's size line and CRLF), so
+// that it frames the event in place.
+constexpr std::size_t kFramingRoom = 24;
+
+std::string event_head(const std::string& request_id) {
+  std::string head = "data: {\"request_id\":";
+  wire::append_json_string(head, request_id);
+  head += ",\"choices\":[";
+  return head;
+}
 
 }  // namespace
 
 Rollout::Rollout(GenerationService& service, engine::EngineRequests& requests, RolloutSetup setup,
                  CallPtr call, Done done)
-    : service_(service), requests_(requests), setup_(std::move(setup)), call_(std::move(call)),
-      done_(std::move(done)) {}
+    : service_(service), requests_(requests), setup_(std::move(setup)),
+      event_head_(event_head(setup_.request_id)), call_(std::move(call)), done_(std::move(done)) {}
 
 void Rollout::cancel() {
   client_gone_ = true;
@@ -105,10 +115,9 @@ std::string Rollout::chunk(std::optional<std::string_view> finish_reason,
                            std::optional<std::int64_t> stop_token) const {
   // The event is rendered in place: one allocation per event, whatever its size.
   std::string event;
-  event.reserve(128 + setup_.request_id.size() + tokens_.size() * 8 + logprob_items_.size());
-  event += "data: {\"request_id\":";
-  wire::append_json_string(event, setup_.request_id);
-  event += ",\"choices\":[";
+  event.reserve(kFramingRoom + event_head_.size() + 128 + tokens_.size() * 8 +
+                logprob_items_.size());
+  event += event_head_;
   append_choice(event,
                 {tokens_, setup_.logprobs ? &logprob_items_ : nullptr, finish_reason, stop_token});
   event += "],\"usage\":";

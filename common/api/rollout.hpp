@@ -69,6 +69,8 @@ class Rollout final : public engine::RequestSink {
   GenerationService& service_;
   engine::EngineRequests& requests_;
   const RolloutSetup setup_;
+  // What every event of a stream starts with, up to its choice: rendered once.
+  const std::string event_head_;
   CallPtr call_;
   Done done_;
 

@@ -2,11 +2,22 @@
 
 namespace vllmd::wire {
 
+namespace {
+
+bool needs_escape(char c) { return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20; }
+
+}  // namespace
+
 void append_json_string(std::string& out, std::string_view text) {
   static constexpr char kHex[] = "0123456789abcdef";
   out.push_back('"');
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
+  std::size_t plain = 0;  // start of the run not yet copied
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (!needs_escape(c)) continue;
+    // Runs that need no escaping (usually the whole text) go in one copy.
+    out.append(text, plain, i - plain);
+    plain = i + 1;
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -15,16 +26,15 @@ void append_json_string(std::string& out, std::string_view text) {
       case '\t': out += "\\t"; break;
       case '\b': out += "\\b"; break;
       case '\f': out += "\\f"; break;
-      default:
-        if (byte < 0x20) {
-          out += "\\u00";
-          out.push_back(kHex[byte >> 4]);
-          out.push_back(kHex[byte & 0xf]);
-        } else {
-          out.push_back(c);
-        }
+      default: {
+        const auto byte = static_cast<unsigned char>(c);
+        out += "\\u00";
+        out.push_back(kHex[byte >> 4]);
+        out.push_back(kHex[byte & 0xf]);
+      }
     }
   }
+  out.append(text, plain, text.size() - plain);
   out.push_back('"');
 }
 

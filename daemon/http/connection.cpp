@@ -245,6 +245,8 @@ bool Connection::finish_request() {
   auto on_request = std::move(on_request_);
   on_request_ = nullptr;
   unsent_before_ = out_.size() - out_sent_;
+  unpublished_ = 0;
+  stalled_ = false;
   exchange_ = host_.dispatch(id_, std::move(request), on_request);
   return flush();  // a 100 Continue may still be unsent
 }
@@ -353,9 +355,14 @@ bool Connection::flush() {
       count_written(result.bytes);
       continue;
     }
-    if (result.status == Status::kWouldBlock) return true;
+    if (result.status == Status::kWouldBlock) {
+      stalled_ = true;
+      return true;
+    }
     return false;  // the client is gone
   }
+  // A producer merging for a reader that was too slow learns at once that it caught up.
+  if (stalled_) publish_written();
   out_.clear();
   out_sent_ = 0;
   if (out_.capacity() > (1 << 20)) out_.shrink_to_fit();
@@ -363,11 +370,24 @@ bool Connection::flush() {
   return !(phase_ == Phase::kLinger && peer_closed_);
 }
 
+// The exchange hears of its written bytes in batches: telling it costs a cache line that
+// its producer, on another thread, reads per event, and an event's bytes are few. Its
+// backlog() is then high by less than kPublishEvery while the reader keeps up, which
+// changes no decision a producer takes on it; once a write would block, it is told exactly
+// when the output drains.
 void Connection::count_written(std::size_t bytes) {
+  static constexpr std::size_t kPublishEvery = std::size_t{16} << 10;
   const std::size_t earlier = std::min(bytes, unsent_before_);
   unsent_before_ -= earlier;
-  if (bytes == earlier) return;
-  if (const ExchangePtr exchange = exchange_.lock()) exchange->written(bytes - earlier);
+  unpublished_ += bytes - earlier;
+  if (unpublished_ >= kPublishEvery) publish_written();
+}
+
+void Connection::publish_written() {
+  stalled_ = false;
+  if (unpublished_ == 0) return;
+  if (const ExchangePtr exchange = exchange_.lock()) exchange->written(unpublished_);
+  unpublished_ = 0;
 }
 
 // Closing at once with unread bytes from the client would reset the connection, and the

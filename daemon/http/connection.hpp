@@ -82,6 +82,7 @@ class Connection {
   void queue(std::string_view bytes);
   void queue(std::string&& bytes);
   void count_written(std::size_t bytes);
+  void publish_written();
   void begin_request();
   void start_linger();
   bool on_peer_closed();
@@ -116,6 +117,10 @@ class Connection {
   // it is handled are its own, once what an earlier response left unsent is out.
   std::weak_ptr<Exchange> exchange_;
   std::size_t unsent_before_ = 0;
+  // Its bytes written and not yet told to it (see count_written), and whether a write would
+  // have blocked since it was last told.
+  std::size_t unpublished_ = 0;
+  bool stalled_ = false;
 
   Clock::time_point phase_since_;    // when the current phase (or head) began
   Clock::time_point last_progress_;  // last byte in or out

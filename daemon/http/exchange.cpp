@@ -27,7 +27,7 @@ bool Exchange::answered() const { return state_.load() != State::kOpen; }
 
 // Counted before it is posted: the loop may write it, and subtract it, at once.
 void Exchange::send(std::string bytes, Then then) {
-  backlog_.fetch_add(bytes.size(), std::memory_order_relaxed);
+  posted_.fetch_add(bytes.size(), std::memory_order_relaxed);
   mailbox_->post(Mailbox::Delivery{connection_, std::move(bytes), then});
 }
 
@@ -49,9 +49,9 @@ void Exchange::stream_begin(int status, std::string_view content_type, const Hea
   send(serialize_stream_head(status, content_type, headers, keep_alive, chunked), Then::kMore);
 }
 
-void Exchange::stream_write(std::string_view data) {
+void Exchange::stream_write(std::string data) {
   if (!streaming(state_.load()) || data.empty()) return;
-  send(request_.head.minor_version == 1 ? chunk(data) : std::string(data), Then::kMore);
+  send(request_.head.minor_version == 1 ? chunk(std::move(data)) : std::move(data), Then::kMore);
 }
 
 void Exchange::stream_end() {
@@ -107,16 +107,17 @@ void Exchange::fire_cancel() {
   if (cancelled) cancelled();
 }
 
-std::size_t Exchange::backlog() const { return backlog_.load(std::memory_order_relaxed); }
+// Clamped: a miscount never wraps around to "everything is unsent".
+std::size_t Exchange::backlog() const {
+  const std::size_t written = written_.load(std::memory_order_relaxed);
+  const std::size_t posted = posted_.load(std::memory_order_relaxed);
+  return posted - std::min(posted, written);
+}
 
 bool Exchange::writable() const { return backlog() < kHighWatermark; }
 
-// Clamped: a miscount never wraps around to "everything is unsent".
 void Exchange::written(std::size_t bytes) {
-  std::size_t current = backlog_.load(std::memory_order_relaxed);
-  while (!backlog_.compare_exchange_weak(current, current - std::min(current, bytes),
-                                         std::memory_order_relaxed)) {
-  }
+  written_.store(written_.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
 }
 
 }  // namespace vllmd::daemon::http

@@ -53,7 +53,7 @@ class Exchange {
   // transfer coding; HTTP/1.0 clients a body delimited by closing the connection. Writes
   // after a cancel post nothing.
   void stream_begin(int status, std::string_view content_type, const Headers& headers = {});
-  void stream_write(std::string_view data);
+  void stream_write(std::string data);
   void stream_end();
 
   // Answered, or cancelled.
@@ -67,7 +67,9 @@ class Exchange {
   // already gone, it runs at once on the caller's thread.
   void on_cancel(std::function<void()> cancelled);
   // Bytes this exchange posted that are not yet written to the socket (in the mailbox or the
-  // connection's output buffer). Any thread; approximate, but never drifting upward.
+  // connection's output buffer). Any thread; approximate: the loop reports writes in
+  // batches, so it may read up to 16 KiB high while the reader keeps up, and it is exact
+  // once a reader that fell behind has caught up.
   std::size_t backlog() const;
   // backlog() below kHighWatermark: a producer merges its deltas while false.
   bool writable() const;
@@ -88,7 +90,7 @@ class Exchange {
 
   // The connection is gone (loop thread): cancelled unless answered already.
   void hang_up();
-  // `bytes` of this exchange's went to the socket (loop thread).
+  // `bytes` more of this exchange's went to the socket (loop thread only).
   void written(std::size_t bytes);
   void fire_cancel();
   void send(std::string bytes, Mailbox::Then then);
@@ -97,7 +99,10 @@ class Exchange {
   std::uint64_t connection_;
   Request request_;
   std::atomic<State> state_{State::kOpen};
-  std::atomic<std::size_t> backlog_{0};
+  // backlog() = posted_ - written_: producers add to the one, the loop to the other, each on
+  // a cache line of its own, so neither takes the other's line per event.
+  alignas(64) std::atomic<std::size_t> posted_{0};
+  alignas(64) std::atomic<std::size_t> written_{0};
   // Registration against firing only: taken once or twice per exchange, never per write.
   std::mutex cancel_mutex_;
   std::function<void()> on_cancel_;

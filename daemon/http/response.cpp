@@ -82,14 +82,21 @@ std::string serialize_stream_head(int status, std::string_view content_type, con
   return out;
 }
 
-std::string chunk(std::string_view data) {
-  if (data.empty()) return {};
-  char size[24];
-  const int length = std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-  std::string out;
-  out.reserve(static_cast<std::size_t>(length) + data.size() + 2);
-  out.append(size, static_cast<std::size_t>(length)).append(data).append("\r\n");
-  return out;
+std::string chunk(std::string data) {
+  if (data.empty()) return data;
+  static constexpr char kHex[] = "0123456789abcdef";
+  char line[2 * sizeof(std::size_t) + 2];  // the size in hex, then CRLF
+  char* end = line + sizeof line;
+  char* at = end;
+  *--at = '\n';
+  *--at = '\r';
+  for (std::size_t size = data.size(); size != 0; size >>= 4) {
+    *--at = kHex[size & 0xf];
+  }
+  // In place: a producer that left room in its string pays a move, not an allocation.
+  data.insert(0, at, static_cast<std::size_t>(end - at));
+  data.append("\r\n");
+  return data;
 }
 
 }  // namespace vllmd::daemon::http

@@ -31,8 +31,9 @@ std::string serialize(const Response& response, bool keep_alive);
 // The head of a streamed response: chunked for HTTP/1.1, else delimited by closing.
 std::string serialize_stream_head(int status, std::string_view content_type, const Headers& headers,
                                   bool keep_alive, bool chunked);
-// One chunk of a chunked body ("<size hex>\r\n<data>\r\n"); empty data is written as nothing.
-std::string chunk(std::string_view data);
+// One chunk of a chunked body ("<size hex>\r\n<data>\r\n"), framed in place; empty data is
+// written as nothing.
+std::string chunk(std::string data);
 inline constexpr std::string_view kLastChunk = "0\r\n\r\n";
 inline constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
 

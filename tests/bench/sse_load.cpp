@@ -130,7 +130,8 @@ class Runner {
     std::size_t next_send = 0;
     std::size_t open = 0;
     for (auto& s : streams_) open += s.state == Stream::State::kConnected;
-    epoll_event ready[512];
+    // Room for every stream: one that is ready is seen in this round, not the next.
+    std::vector<epoll_event> ready(std::max<std::size_t>(streams_.size(), 1));
     while (Clock::now() < deadline) {
       const auto now = Clock::now();
       while (next_send < streams_.size() && streams_[next_send].due <= now) {
@@ -148,7 +149,8 @@ class Runner {
             std::chrono::ceil<std::chrono::milliseconds>(streams_[next_send].due - Clock::now());
         timeout_ms = static_cast<int>(std::clamp<std::int64_t>(wait.count(), 0, 100));
       }
-      const int n = ::epoll_wait(epoll_, ready, 512, timeout_ms);
+      const int n = ::epoll_wait(epoll_, ready.data(), static_cast<int>(ready.size()), timeout_ms);
+      const Clock::time_point ready_at = Clock::now();
       for (int i = 0; i < n; ++i) {
         const std::uint64_t index = ready[i].data.u64;
         Stream& s = streams_[index];
@@ -157,7 +159,7 @@ class Runner {
         }
         if (s.state == Stream::State::kHead || s.state == Stream::State::kBody ||
             s.state == Stream::State::kConnected || s.state == Stream::State::kSending) {
-          if (ready[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) receive(s);
+          if (ready[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) receive(s, ready_at);
         }
       }
     }
@@ -300,13 +302,21 @@ class Runner {
     watch(s, index, EPOLLIN);
   }
 
-  void receive(Stream& s) {
+  // `ready_at`: when epoll said the socket was readable. A stream whose head was read
+  // earlier was woken by its next event's bytes, which were in the socket by then: a first
+  // event read now is timed at `ready_at`, not when this loop got round to the socket among
+  // a step's hundreds (this process's own queue is no frontend's doing). Read together with
+  // its head, it is timed when read.
+  void receive(Stream& s, Clock::time_point ready_at) {
     char buffer[65536];
+    bool woken_by_event = s.state == Stream::State::kBody;
     for (;;) {
       const ssize_t n = ::recv(s.fd, buffer, sizeof buffer, 0);
       if (n > 0) {
         s.in.append(buffer, static_cast<std::size_t>(n));
-        if (!parse(s, Clock::now())) return;
+        const Clock::time_point now = Clock::now();
+        if (!parse(s, now, woken_by_event ? ready_at : now)) return;
+        woken_by_event = false;
         if (static_cast<std::size_t>(n) < sizeof buffer) return;
         continue;
       }
@@ -315,15 +325,16 @@ class Runner {
       if (s.state == Stream::State::kBody && !s.chunked) {
         s.events.append(s.in);
         s.in.clear();
-        split_events(s, Clock::now());
+        const Clock::time_point now = Clock::now();
+        split_events(s, now, now);
       }
       if (!s.done) fail(s, totals_.io_errors);
       return;
     }
   }
 
-  // False once the stream ended (done or failed).
-  bool parse(Stream& s, Clock::time_point now) {
+  // False once the stream ended (done or failed). A first event found is timed at `first_at`.
+  bool parse(Stream& s, Clock::time_point now, Clock::time_point first_at) {
     if (s.state == Stream::State::kHead) {
       const std::size_t end = s.in.find("\r\n\r\n");
       if (end == std::string::npos) return true;
@@ -375,7 +386,7 @@ class Runner {
       }
       s.in.erase(0, at);
     }
-    split_events(s, now);
+    split_events(s, now, first_at);
     if (s.done) {
       ::close(s.fd);
       s.fd = -1;
@@ -386,7 +397,7 @@ class Runner {
     return true;
   }
 
-  void split_events(Stream& s, Clock::time_point now) {
+  void split_events(Stream& s, Clock::time_point now, Clock::time_point first_at) {
     std::size_t at = 0;
     for (;;) {
       const std::size_t end = s.events.find("\n\n", at);
@@ -407,7 +418,7 @@ class Runner {
       s.tokens += tokens;
       if (!s.have_first) {
         s.have_first = true;
-        s.first_event = now;
+        s.first_event = first_at;
       }
       s.last_event = now;
     }

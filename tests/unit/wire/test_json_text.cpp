@@ -18,6 +18,8 @@ TEST_CASE("json_string escapes quotes, backslashes and control bytes") {
   CHECK(json_string("a\"b\\c") == R"("a\"b\\c")");
   CHECK(json_string(std::string_view("x\0y", 3)) == R"("x\u0000y")");
   CHECK(json_string("tab\there") == R"("tab\there")");
+  // Escapes first, last and back to back, between runs copied whole; UTF-8 passes as is.
+  CHECK(json_string("\"\xc3\xa9\\\\x\n") == "\"\\\"\xc3\xa9\\\\\\\\x\\n\"");
   std::string out = "prefix:";
   append_json_string(out, "v\n");
   CHECK(out == R"(prefix:"v\n")");
