@@ -199,6 +199,7 @@ void EngineClient::generate(Generation generation) {
       // One wake-up per batch: the IO thread takes the whole queue at once.
       const bool first = impl_->generations.empty() && impl_->aborts.empty();
       impl_->generations.push_back(std::move(generation));
+      impl_->generations_waiting.store(true, std::memory_order_relaxed);
       if (first) impl_->wake();
       return;
     }

@@ -164,8 +164,10 @@ struct EngineClient::Impl {
   std::deque<Submission> queue;
   std::deque<std::function<void()>> commands;  // for the IO thread (mark_dead)
   std::deque<Generation> generations;          // ADDs to send
-  std::vector<std::string> aborts;             // ids to abort
-  bool queue_closed = false;                   // the IO thread has stopped taking submissions
+  // Set while `generations` is not empty: the IO thread looks between a step's deliveries.
+  std::atomic<bool> generations_waiting{false};
+  std::vector<std::string> aborts;  // ids to abort
+  bool queue_closed = false;        // the IO thread has stopped taking submissions
 
   // The engines' loads as of the IO thread's last round, for loads().
   mutable std::mutex loads_mutex;
@@ -185,8 +187,9 @@ struct EngineClient::Impl {
   // Generations, by engine request id.
   using RequestTable = std::unordered_map<std::string, InFlight, IdHash, std::equal_to<>>;
   RequestTable requests;
-  // on_outputs' second pass, reused message after message.
-  std::vector<std::pair<RequestTable::iterator, const wire::OutputView*>> later;
+  // on_outputs' second pass, reused message after message. Pointers, not iterators: ADDs
+  // sent meanwhile may rehash the table, which moves no element.
+  std::vector<std::pair<InFlight*, const wire::OutputView*>> later;
   bool loads_changed = false;
   std::unordered_map<std::uint64_t, PendingCall> pending;
   std::size_t probes_pending = 0;
@@ -230,7 +233,8 @@ struct EngineClient::Impl {
   InFlight take_request(RequestTable::iterator found);
   EngineSlot* choose_engine(const std::optional<int>& rank, std::string& why);
   void send_aborts(const std::vector<std::string>& ids);
-  void deliver(RequestTable::iterator found, const wire::OutputView& delta);
+  void deliver(InFlight& request, const wire::OutputView& delta);
+  void send_waiting_generations();
   void on_outputs(const wire::DecodedOutputs& decoded);
   void end_requests(int rank, Closed why, const std::string& message);
   void publish_loads();

@@ -86,6 +86,7 @@ void EngineClient::Impl::take_submissions() {
     taken.swap(queue);
     commands_taken.swap(commands);
     generations_taken.swap(generations);
+    generations_waiting.store(false, std::memory_order_relaxed);
     aborts_taken.swap(aborts);
   }
   for (auto& command : commands_taken) command();

@@ -12,6 +12,13 @@
 
 namespace vllmd::engine {
 
+namespace {
+
+// A step's deliveries handed on between two looks at the ADDs waiting (about 0.1 ms' worth).
+constexpr std::size_t kDeliveriesBetweenAdds = 64;
+
+}  // namespace
+
 std::string_view closed_name(Closed why) {
   switch (why) {
     case Closed::kAborted: return "aborted";
@@ -129,20 +136,25 @@ void EngineClient::Impl::on_outputs(const wire::DecodedOutputs& decoded) {
   }
   // First outputs go first: a new request's first token then leaves ahead of the step's
   // burst of deltas for the others, and the time to first token does not grow with how many
-  // streams are open. Sinks add no request meanwhile, so the iterators kept stay valid.
+  // streams are open. ADDs that came meanwhile go out before that burst too, and between
+  // its parts, rather than after it: a step for thousands of streams takes milliseconds to
+  // hand on. Sinks erase no request meanwhile but their own, as they finish.
   later.clear();
   for (const wire::OutputView& delta : decoded.outputs) {
     // An id not in flight: a request aborted or ended meanwhile, or none of ours.
     auto found = requests.find(delta.request_id);
     if (found == requests.end()) continue;
     if (found->second.started) {
-      later.emplace_back(found, &delta);
+      later.emplace_back(&found->second, &delta);
       continue;
     }
     found->second.started = true;
-    deliver(found, delta);
+    deliver(found->second, delta);
   }
-  for (const auto& [found, delta] : later) deliver(found, *delta);
+  for (std::size_t i = 0; i < later.size(); ++i) {
+    if (i % kDeliveriesBetweenAdds == 0) send_waiting_generations();
+    deliver(*later[i].first, *later[i].second);
+  }
   // Finished without a finishing output: no request may wait for one that never comes.
   for (std::string_view id : decoded.finished_requests) {
     auto found = requests.find(id);
@@ -154,10 +166,24 @@ void EngineClient::Impl::on_outputs(const wire::DecodedOutputs& decoded) {
   }
 }
 
-void EngineClient::Impl::deliver(RequestTable::iterator found, const wire::OutputView& delta) {
-  if (!delta.finish_reason) return found->second.sink->on_output(delta);
-  InFlight request = take_request(found);
-  request.sink->on_output(delta);
+void EngineClient::Impl::deliver(InFlight& request, const wire::OutputView& delta) {
+  if (!delta.finish_reason) return request.sink->on_output(delta);
+  const auto found = requests.find(delta.request_id);
+  if (found == requests.end()) return;
+  const InFlight ended = take_request(found);
+  ended.sink->on_output(delta);
+}
+
+// Only the ADDs: aborts wait for the round's end, as they erase requests `later` points to.
+void EngineClient::Impl::send_waiting_generations() {
+  if (!generations_waiting.load(std::memory_order_relaxed)) return;
+  std::deque<Generation> taken;
+  {
+    std::lock_guard lock(queue_mutex);
+    taken.swap(generations);
+    generations_waiting.store(false, std::memory_order_relaxed);
+  }
+  for (Generation& generation : taken) send_generation(generation);
 }
 
 void EngineClient::Impl::end_requests(int rank, Closed why, const std::string& message) {

@@ -5,8 +5,10 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/engine/client.hpp"
@@ -315,10 +317,18 @@ namespace {
 // Notes, in one list shared by several sinks, which sink heard an output when.
 class OrderSink final : public RequestSink {
  public:
-  OrderSink(std::string name, std::vector<std::string>& heard, std::mutex& mutex)
-      : name_(std::move(name)), heard_(heard), mutex_(mutex) {}
-  void on_sent(int /*rank*/) override {}
+  // `on_output` runs first on each output (on the IO thread), as a caller's code would.
+  OrderSink(std::string name, std::vector<std::string>& heard, std::mutex& mutex,
+            bool record_sent = false, std::function<void()> on_output = nullptr)
+      : name_(std::move(name)), heard_(heard), mutex_(mutex), record_sent_(record_sent),
+        on_output_(std::move(on_output)) {}
+  void on_sent(int /*rank*/) override {
+    if (!record_sent_) return;
+    std::lock_guard lock(mutex_);
+    heard_.push_back(name_ + " sent");
+  }
   void on_output(const wire::OutputView& /*output*/) override {
+    if (on_output_) std::exchange(on_output_, nullptr)();
     std::lock_guard lock(mutex_);
     heard_.push_back(name_);
   }
@@ -328,6 +338,8 @@ class OrderSink final : public RequestSink {
   std::string name_;
   std::vector<std::string>& heard_;
   std::mutex& mutex_;
+  bool record_sent_;
+  std::function<void()> on_output_;
 };
 
 }  // namespace
@@ -353,4 +365,45 @@ TEST_CASE("a request's first output is handed on before the step's other deltas"
   link.fakes[0]->send_frames(message({step("old", {2}), step("new", {9})}));
   REQUIRE(eventually([&] { return heard_now().size() == 3; }));
   CHECK(heard_now() == std::vector<std::string>{"old", "new", "old"});
+}
+
+TEST_CASE("an ADD that comes while a step's outputs are handed on goes out before they are") {
+  Attached link;
+  std::mutex mutex;
+  std::vector<std::string> heard;
+  const auto heard_now = [&] {
+    std::lock_guard lock(mutex);
+    return heard;
+  };
+  // r0's first output stands for a request that another thread submits mid-step.
+  const auto submit_late = [&] {
+    link.client->generate(Generation{request("late"), std::nullopt,
+                                     std::make_shared<OrderSink>("late", heard, mutex, true)});
+  };
+  link.client->generate(
+      Generation{request("r0"), std::nullopt,
+                 std::make_shared<OrderSink>("r0", heard, mutex, false, submit_late)});
+  (void)next_add(*link.fakes[0]);
+  constexpr int kRunning = 300;
+  std::vector<wire::OutputToSend> firsts;
+  std::vector<wire::OutputToSend> seconds;
+  for (int i = 1; i < kRunning; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    link.client->generate(
+        Generation{request(id), std::nullopt, std::make_shared<OrderSink>(id, heard, mutex)});
+    (void)next_add(*link.fakes[0]);
+    firsts.push_back(step(id, {1}));
+    seconds.push_back(step(id, {2}));
+  }
+  link.fakes[0]->send_frames(message(std::move(firsts)));
+  REQUIRE(eventually([&] { return heard_now().size() == kRunning - 1; }));
+  seconds.push_back(step("r0", {1}));
+  link.fakes[0]->send_frames(message(std::move(seconds)));
+  CHECK(next_add(*link.fakes[0]).request_id == "late");
+  REQUIRE(eventually([&] { return heard_now().size() == 2 * kRunning; }));
+  // The late ADD went out after r0's first output and before the step's 299 other deltas.
+  const std::vector<std::string> all = heard_now();
+  CHECK(all[kRunning - 1] == "r0");
+  CHECK(all[kRunning] == "late sent");
+  CHECK(all.back() == "r" + std::to_string(kRunning - 1));
 }
