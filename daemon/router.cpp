@@ -5,7 +5,6 @@
 #include <cstdio>
 
 #include "common/util/log.hpp"
-#include "daemon/exchange_stream.hpp"
 
 namespace vllmd::daemon {
 
@@ -191,7 +190,7 @@ void Router::serve(const std::shared_ptr<RouteMatch>& match, const http::Exchang
   if (generation) {
     call->request_id_header = match->request_id;
     call->data_parallel_rank_header = match->data_parallel_rank;
-    call->stream = std::make_shared<ExchangeStream>(exchange);
+    call->stream = exchange;
   }
   const bool on_executor = match->large_body || call->route->blocking;
   auto run = [this, match, exchange, call, generation] {

@@ -28,7 +28,7 @@ std::string event_head(const std::string& request_id) {
 
 Rollout::Rollout(GenerationService& service, engine::EngineRequests& requests, RolloutSetup setup,
                  CallPtr call, Done done)
-    : service_(service), requests_(requests), setup_(std::move(setup)),
+    : stream_(call->stream.get()), service_(service), requests_(requests), setup_(std::move(setup)),
       event_head_(event_head(setup_.request_id)), call_(std::move(call)), done_(std::move(done)) {}
 
 void Rollout::cancel() {
@@ -41,12 +41,13 @@ void Rollout::abort() { requests_.abort({setup_.engine_id}); }
 void Rollout::on_sent(int /*rank*/) {
   if (!setup_.stream || ended_) return;
   // The head goes once an engine took the request: a refusal before that is a plain 503.
-  call_->stream->begin(200, "text/event-stream");
+  stream_->begin(200, "text/event-stream");
   streaming_ = true;
 }
 
 void Rollout::take(const wire::OutputView& output) {
-  if (setup_.prompt_logprobs && output.prompt_logprobs) {
+  // The output's fields first: most steps need no more of the setup than that.
+  if (output.prompt_logprobs && setup_.prompt_logprobs) {
     append_prompt_logprob_rows(prompt_logprob_rows_, *output.prompt_logprobs);
   }
   if (output.num_cached_tokens) cached_tokens_ = *output.num_cached_tokens;
@@ -57,10 +58,10 @@ void Rollout::take(const wire::OutputView& output) {
   }
   const std::size_t count = output.new_token_ids.size();
   if (count == 0) return;
-  if (!first_token_at_) first_token_at_ = Clock::now();
+  if (first_token_at_ == Clock::time_point{}) first_token_at_ = Clock::now();
   for (std::size_t i = 0; i < count; ++i) tokens_.push_back(output.new_token_ids[i]);
   completion_tokens_ += static_cast<std::int64_t>(count);
-  if (setup_.logprobs && output.logprobs) {
+  if (output.logprobs && setup_.logprobs) {
     append_logprob_items(logprob_items_, *output.logprobs, *setup_.logprobs);
   }
 }
@@ -81,14 +82,14 @@ void Rollout::on_output(const wire::OutputView& output) {
                   output.stop_token);
   }
   if (!streaming_ || tokens_.empty()) return;
-  const ResponseStream& stream = *call_->stream;
+  const ResponseStream& stream = *stream_;
   if (stream.writable()) return write_delta();
   // The client has not taken the last event: merge, unless too much waits for it.
   if (stream.backlog() + logprob_items_.size() + tokens_.size() * kBytesPerToken >
       setup_.stream_buffer_limit) {
     client_gone_ = true;
     requests_.abort({setup_.engine_id});
-    call_->stream->abort();
+    stream_->abort();
   }
 }
 
@@ -131,7 +132,7 @@ std::string Rollout::chunk(std::optional<std::string_view> finish_reason,
 }
 
 void Rollout::write_delta() {
-  call_->stream->write(chunk(std::nullopt, std::nullopt));
+  stream_->write(chunk(std::nullopt, std::nullopt));
   tokens_.clear();
   logprob_items_.clear();
 }
@@ -172,7 +173,7 @@ void Rollout::finish(std::string_view reason, std::optional<std::int64_t> stop_t
   if (!streaming_) {
     if (setup_.stream) {
       // Ended before any engine took it (an abort while queued): still a well-formed stream.
-      call_->stream->begin(200, "text/event-stream");
+      stream_->begin(200, "text/event-stream");
       streaming_ = true;
     } else {
       return end(Response{200, body(reason, stop_token)});
@@ -189,7 +190,7 @@ void Rollout::finish(std::string_view reason, std::optional<std::int64_t> stop_t
     events += sse_event(json);
   }
   events += kSseDone;
-  call_->stream->write(std::move(events));
+  stream_->write(std::move(events));
   Response streamed;
   streamed.streamed = true;
   end(std::move(streamed));
@@ -202,7 +203,7 @@ void Rollout::fail(const ApiError& error) {
   events += sse_error_event(error.message, error.status >= 500 ? "InternalServerError" : error.type,
                             error.status);
   events += kSseDone;
-  call_->stream->write(std::move(events));
+  stream_->write(std::move(events));
   Response streamed{error.status, ""};
   streamed.streamed = true;
   end(std::move(streamed));
@@ -211,9 +212,9 @@ void Rollout::fail(const ApiError& error) {
 void Rollout::end(Response response) {
   ended_ = true;
   response.tokens = completion_tokens_;
-  if (first_token_at_) {
+  if (first_token_at_ != Clock::time_point{}) {
     response.first_token_seconds =
-        std::chrono::duration<double>(*first_token_at_ - setup_.started).count();
+        std::chrono::duration<double>(first_token_at_ - setup_.started).count();
   }
   Done done = std::move(done_);
   service_.finished(setup_.request_id);

@@ -9,7 +9,8 @@ namespace vllmd::daemon::http {
 using Then = Mailbox::Then;
 
 Exchange::Exchange(std::shared_ptr<Mailbox> mailbox, std::uint64_t connection, Request request)
-    : mailbox_(std::move(mailbox)), connection_(connection), request_(std::move(request)) {}
+    : chunked_(request.head.minor_version == 1), connection_(connection),
+      mailbox_(std::move(mailbox)), request_(std::move(request)) {}
 
 Exchange::~Exchange() {
   State state = state_.load();
@@ -39,19 +40,23 @@ void Exchange::respond(const Response& response) {
 }
 
 void Exchange::stream_begin(int status, std::string_view content_type, const Headers& headers) {
-  const bool chunked = request_.head.minor_version == 1;
-  const bool keep_alive = chunked && request_.head.keep_alive && !mailbox_->stopping;
+  const bool keep_alive = chunked_ && request_.head.keep_alive && !mailbox_->stopping;
   State expected = State::kOpen;
   if (!state_.compare_exchange_strong(
           expected, keep_alive ? State::kStreamingKeepAlive : State::kStreaming)) {
     return;
   }
-  send(serialize_stream_head(status, content_type, headers, keep_alive, chunked), Then::kMore);
+  send(serialize_stream_head(status, content_type, headers, keep_alive, chunked_), Then::kMore);
+}
+
+void Exchange::begin(int status, std::string_view content_type) {
+  // Proxies must neither cache nor buffer an event stream (nginx honours X-Accel-Buffering).
+  stream_begin(status, content_type, {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
 }
 
 void Exchange::stream_write(std::string data) {
   if (!streaming(state_.load()) || data.empty()) return;
-  send(request_.head.minor_version == 1 ? chunk(std::move(data)) : std::move(data), Then::kMore);
+  send(chunked_ ? chunk(std::move(data)) : std::move(data), Then::kMore);
 }
 
 void Exchange::stream_end() {
@@ -59,7 +64,7 @@ void Exchange::stream_end() {
   do {
     if (!streaming(state)) return;
   } while (!state_.compare_exchange_weak(state, State::kDone));
-  send(request_.head.minor_version == 1 ? std::string(kLastChunk) : std::string(),
+  send(chunked_ ? std::string(kLastChunk) : std::string(),
        state == State::kStreamingKeepAlive ? Then::kNext : Then::kClose);
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/api/call.hpp"
 #include "common/util/cidr.hpp"
 #include "daemon/http/mailbox.hpp"
 #include "daemon/http/parser.hpp"
@@ -33,14 +34,15 @@ struct Request {
 class Connection;
 
 // One request and its response. Thread-safe; answering twice is ignored. An exchange dropped
-// unanswered answers 500 itself, so a connection never hangs on a lost request.
-class Exchange {
+// unanswered answers 500 itself, so a connection never hangs on a lost request. It is also
+// the api::ResponseStream a generation streams through (holding it keeps the request alive).
+class Exchange final : public api::ResponseStream {
  public:
   // backlog() at or above this: not writable().
   static constexpr std::size_t kHighWatermark = std::size_t{64} << 10;
 
   Exchange(std::shared_ptr<Mailbox> mailbox, std::uint64_t connection, Request request);
-  ~Exchange();
+  ~Exchange() override;
   Exchange(const Exchange&) = delete;
   Exchange& operator=(const Exchange&) = delete;
 
@@ -55,6 +57,10 @@ class Exchange {
   void stream_begin(int status, std::string_view content_type, const Headers& headers = {});
   void stream_write(std::string data);
   void stream_end();
+  // api::ResponseStream: stream_begin with what an event stream needs (no proxy may cache
+  // or buffer it), and stream_write.
+  void begin(int status, std::string_view content_type) override;
+  void write(std::string bytes) override { stream_write(std::move(bytes)); }
 
   // Answered, or cancelled.
   bool answered() const;
@@ -65,17 +71,17 @@ class Exchange {
   // response's last bytes were queued (respond() or stream_end()). Set it at most once (a
   // second is ignored), from any thread, before answering; set after the connection is
   // already gone, it runs at once on the caller's thread.
-  void on_cancel(std::function<void()> cancelled);
+  void on_cancel(std::function<void()> cancelled) override;
   // Bytes this exchange posted that are not yet written to the socket (in the mailbox or the
   // connection's output buffer). Any thread; approximate: the loop reports writes in
   // batches, so it may read up to 16 KiB high while the reader keeps up, and it is exact
   // once a reader that fell behind has caught up.
-  std::size_t backlog() const;
+  std::size_t backlog() const override;
   // backlog() below kHighWatermark: a producer merges its deltas while false.
-  bool writable() const;
+  bool writable() const override;
   // Cuts the connection now (the reader is too slow for the producer's hard limit): any
   // thread; fires on_cancel; the client sees the stream cut.
-  void abort();
+  void abort() override;
 
  private:
   friend class Connection;  // the loop's side: hang_up() and written()
@@ -95,14 +101,16 @@ class Exchange {
   void fire_cancel();
   void send(std::string bytes, Mailbox::Then then);
 
-  std::shared_ptr<Mailbox> mailbox_;
-  std::uint64_t connection_;
-  Request request_;
+  // What a producer touches per event, together on the first cache line.
   std::atomic<State> state_{State::kOpen};
+  bool chunked_;  // HTTP/1.1: chunked transfer coding
+  std::uint64_t connection_;
+  std::shared_ptr<Mailbox> mailbox_;
   // backlog() = posted_ - written_: producers add to the one, the loop to the other, each on
   // a cache line of its own, so neither takes the other's line per event.
-  alignas(64) std::atomic<std::size_t> posted_{0};
+  std::atomic<std::size_t> posted_{0};
   alignas(64) std::atomic<std::size_t> written_{0};
+  Request request_;
   // Registration against firing only: taken once or twice per exchange, never per write.
   std::mutex cancel_mutex_;
   std::function<void()> on_cancel_;
