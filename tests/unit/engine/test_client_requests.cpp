@@ -315,29 +315,40 @@ TEST_CASE("the ADD follows the layout of the engine's registered vLLM version") 
 namespace {
 
 // Notes, in one list shared by several sinks, which sink heard an output when.
+// What the OrderSinks of a test heard, in order, from the IO thread.
+struct Heard {
+  std::mutex mutex;
+  std::vector<std::string> names;
+
+  void add(std::string name) {
+    std::lock_guard lock(mutex);
+    names.push_back(std::move(name));
+  }
+  std::vector<std::string> now() {
+    std::lock_guard lock(mutex);
+    return names;
+  }
+};
+
 class OrderSink final : public RequestSink {
  public:
   // `on_output` runs first on each output (on the IO thread), as a caller's code would.
-  OrderSink(std::string name, std::vector<std::string>& heard, std::mutex& mutex,
-            bool record_sent = false, std::function<void()> on_output = nullptr)
-      : name_(std::move(name)), heard_(heard), mutex_(mutex), record_sent_(record_sent),
+  OrderSink(std::string name, Heard& heard, bool record_sent = false,
+            std::function<void()> on_output = nullptr)
+      : name_(std::move(name)), heard_(heard), record_sent_(record_sent),
         on_output_(std::move(on_output)) {}
   void on_sent(int /*rank*/) override {
-    if (!record_sent_) return;
-    std::lock_guard lock(mutex_);
-    heard_.push_back(name_ + " sent");
+    if (record_sent_) heard_.add(name_ + " sent");
   }
   void on_output(const wire::OutputView& /*output*/) override {
     if (on_output_) std::exchange(on_output_, nullptr)();
-    std::lock_guard lock(mutex_);
-    heard_.push_back(name_);
+    heard_.add(name_);
   }
   void on_closed(Closed /*why*/, std::string_view /*message*/) override {}
 
  private:
   std::string name_;
-  std::vector<std::string>& heard_;
-  std::mutex& mutex_;
+  Heard& heard_;
   bool record_sent_;
   std::function<void()> on_output_;
 };
@@ -346,43 +357,32 @@ class OrderSink final : public RequestSink {
 
 TEST_CASE("a request's first output is handed on before the step's other deltas") {
   Attached link;
-  std::mutex mutex;
-  std::vector<std::string> heard;
-  const auto heard_now = [&] {
-    std::lock_guard lock(mutex);
-    return heard;
-  };
+  Heard heard;
   link.client->generate(
-      Generation{request("old"), std::nullopt, std::make_shared<OrderSink>("old", heard, mutex)});
+      Generation{request("old"), std::nullopt, std::make_shared<OrderSink>("old", heard)});
   (void)next_add(*link.fakes[0]);
   link.fakes[0]->send_frames(message({step("old", {1})}));
-  REQUIRE(eventually([&] { return heard_now().size() == 1; }));
+  REQUIRE(eventually([&] { return heard.now().size() == 1; }));
   link.client->generate(
-      Generation{request("new"), std::nullopt, std::make_shared<OrderSink>("new", heard, mutex)});
+      Generation{request("new"), std::nullopt, std::make_shared<OrderSink>("new", heard)});
   (void)next_add(*link.fakes[0]);
   // The engine lists the running request first, as its batch holds it; the new one's first
   // token still goes out ahead.
   link.fakes[0]->send_frames(message({step("old", {2}), step("new", {9})}));
-  REQUIRE(eventually([&] { return heard_now().size() == 3; }));
-  CHECK(heard_now() == std::vector<std::string>{"old", "new", "old"});
+  REQUIRE(eventually([&] { return heard.now().size() == 3; }));
+  CHECK(heard.now() == std::vector<std::string>{"old", "new", "old"});
 }
 
 TEST_CASE("an ADD that comes while a step's outputs are handed on goes out before they are") {
   Attached link;
-  std::mutex mutex;
-  std::vector<std::string> heard;
-  const auto heard_now = [&] {
-    std::lock_guard lock(mutex);
-    return heard;
-  };
+  Heard heard;
   // r0's first output stands for a request that another thread submits mid-step.
   const auto submit_late = [&] {
     link.client->generate(Generation{request("late"), std::nullopt,
-                                     std::make_shared<OrderSink>("late", heard, mutex, true)});
+                                     std::make_shared<OrderSink>("late", heard, true)});
   };
-  link.client->generate(
-      Generation{request("r0"), std::nullopt,
-                 std::make_shared<OrderSink>("r0", heard, mutex, false, submit_late)});
+  link.client->generate(Generation{request("r0"), std::nullopt,
+                                   std::make_shared<OrderSink>("r0", heard, false, submit_late)});
   (void)next_add(*link.fakes[0]);
   constexpr int kRunning = 300;
   std::vector<wire::OutputToSend> firsts;
@@ -390,19 +390,19 @@ TEST_CASE("an ADD that comes while a step's outputs are handed on goes out befor
   for (int i = 1; i < kRunning; ++i) {
     const std::string id = "r" + std::to_string(i);
     link.client->generate(
-        Generation{request(id), std::nullopt, std::make_shared<OrderSink>(id, heard, mutex)});
+        Generation{request(id), std::nullopt, std::make_shared<OrderSink>(id, heard)});
     (void)next_add(*link.fakes[0]);
     firsts.push_back(step(id, {1}));
     seconds.push_back(step(id, {2}));
   }
   link.fakes[0]->send_frames(message(std::move(firsts)));
-  REQUIRE(eventually([&] { return heard_now().size() == kRunning - 1; }));
+  REQUIRE(eventually([&] { return heard.now().size() == kRunning - 1; }));
   seconds.push_back(step("r0", {1}));
   link.fakes[0]->send_frames(message(std::move(seconds)));
   CHECK(next_add(*link.fakes[0]).request_id == "late");
-  REQUIRE(eventually([&] { return heard_now().size() == 2 * kRunning; }));
+  REQUIRE(eventually([&] { return heard.now().size() == 2 * kRunning; }));
   // The late ADD went out after r0's first output and before the step's 299 other deltas.
-  const std::vector<std::string> all = heard_now();
+  const std::vector<std::string> all = heard.now();
   CHECK(all[kRunning - 1] == "r0");
   CHECK(all[kRunning] == "late sent");
   CHECK(all.back() == "r" + std::to_string(kRunning - 1));
