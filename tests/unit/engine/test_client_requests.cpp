@@ -384,10 +384,10 @@ TEST_CASE("an ADD that comes while a step's outputs are handed on goes out befor
   link.client->generate(Generation{request("r0"), std::nullopt,
                                    std::make_shared<OrderSink>("r0", heard, false, submit_late)});
   (void)next_add(*link.fakes[0]);
-  constexpr int kRunning = 300;
+  constexpr std::size_t kRunning = 300;
   std::vector<wire::OutputToSend> firsts;
   std::vector<wire::OutputToSend> seconds;
-  for (int i = 1; i < kRunning; ++i) {
+  for (std::size_t i = 1; i < kRunning; ++i) {
     const std::string id = "r" + std::to_string(i);
     link.client->generate(
         Generation{request(id), std::nullopt, std::make_shared<OrderSink>(id, heard)});
