@@ -106,8 +106,8 @@ class Exchange final : public api::ResponseStream {
   bool chunked_;  // HTTP/1.1: chunked transfer coding
   std::uint64_t connection_;
   std::shared_ptr<Mailbox> mailbox_;
-  // backlog() = posted_ - written_: producers add to the one, the loop to the other, each on
-  // a cache line of its own, so neither takes the other's line per event.
+  // backlog() = posted_ - written_: producers add to the one (on the line above), the loop to
+  // the other (on a line of its own), so neither takes the other's line per event.
   std::atomic<std::size_t> posted_{0};
   alignas(64) std::atomic<std::size_t> written_{0};
   Request request_;

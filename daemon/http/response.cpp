@@ -1,6 +1,5 @@
 #include "daemon/http/response.hpp"
 
-#include <cstdio>
 #include <ctime>
 
 namespace vllmd::daemon::http {
