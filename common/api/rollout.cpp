@@ -51,15 +51,15 @@ void Rollout::take(const wire::OutputView& output) {
     append_prompt_logprob_rows(prompt_logprob_rows_, *output.prompt_logprobs);
   }
   if (output.num_cached_tokens) cached_tokens_ = *output.num_cached_tokens;
-  if (output.kv_transfer_params != nullptr &&
-      output.kv_transfer_params->type == msgpack::type::MAP) {
-    kv_transfer_params_.clear();
-    wire::append_json(kv_transfer_params_, *output.kv_transfer_params);
+  if (!output.kv_transfer_params.empty()) {
+    if (auto json = wire::msgpack_to_json(output.kv_transfer_params)) {
+      kv_transfer_params_ = std::move(*json);
+    }
   }
   const std::size_t count = output.new_token_ids.size();
   if (count == 0) return;
   if (first_token_at_ == Clock::time_point{}) first_token_at_ = Clock::now();
-  for (std::size_t i = 0; i < count; ++i) tokens_.push_back(output.new_token_ids[i]);
+  for (const std::int64_t token : output.new_token_ids) tokens_.push_back(token);
   completion_tokens_ += static_cast<std::int64_t>(count);
   if (output.logprobs && setup_.logprobs) {
     append_logprob_items(logprob_items_, *output.logprobs, *setup_.logprobs);

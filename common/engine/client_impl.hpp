@@ -190,6 +190,8 @@ struct EngineClient::Impl {
   // on_outputs' second pass, reused message after message. Pointers, not iterators: ADDs
   // sent meanwhile may rehash the table, which moves no element.
   std::vector<std::pair<InFlight*, const wire::OutputView*>> later;
+  // The message being handed on, decoded into the same vectors message after message.
+  wire::DecodedOutputs received;
   bool loads_changed = false;
   std::unordered_map<std::uint64_t, PendingCall> pending;
   std::size_t probes_pending = 0;

@@ -196,23 +196,22 @@ void EngineClient::Impl::drain_output() {
       continue;
     }
     // Every frame of the message stays alive until its outputs are handed on.
-    auto decoded = wire::decode_outputs(frames, options.reply_limits);
-    if (!decoded) {
+    if (auto ok = wire::decode_outputs(frames, received, options.reply_limits); !ok) {
       for (EngineSlot& engine : engines) {
         if (engine.output_fd == fd && fd >= 0) {
           const std::string why = "engine rank " + std::to_string(engine.status.rank) +
-                                  " sent an undecodable message: " + decoded.error();
+                                  " sent an undecodable message: " + ok.error();
           fail_pending(engine.status.rank, CallErrorKind::kFailed, why);
           end_requests(engine.status.rank, Closed::kEngineLost, why);
         }
       }
-      util::log::warning("engine link: dropped an undecodable message: ", decoded.error());
+      util::log::warning("engine link: dropped an undecodable message: ", ok.error());
       continue;
     }
-    if (decoded->utility_output) on_reply(*decoded->utility_output, decoded->engine_index, fd);
-    if (!decoded->outputs.empty() || decoded->scheduler_stats ||
-        !decoded->finished_requests.empty()) {
-      on_outputs(*decoded);
+    if (received.utility_output) on_reply(*received.utility_output, received.engine_index, fd);
+    if (!received.outputs.empty() || received.scheduler_stats ||
+        !received.finished_requests.empty()) {
+      on_outputs(received);
     }
   }
 }

@@ -15,15 +15,6 @@ using Dtype = ArrayView::Dtype;
 
 constexpr std::int8_t kArrayExtType = 3;  // vLLM serial_utils' raw-view extension
 
-// A field past an array's end reads as nil.
-const msgpack::object& field(const msgpack::object& array, std::size_t i) {
-  static const msgpack::object kNil;
-  return i < array.via.array.size ? array.via.array.ptr[i] : kNil;
-}
-
-bool is_array(const msgpack::object& object) { return object.type == msgpack::type::ARRAY; }
-bool is_map(const msgpack::object& object) { return object.type == msgpack::type::MAP; }
-
 std::size_t item_size(Dtype dtype) { return dtype == Dtype::kInt64 ? 8 : 4; }
 
 // numpy's dtype.str ("<i8", byte order first) or torch's name without "torch." ("int64").
@@ -50,72 +41,97 @@ template <typename T> T load(std::string_view data, std::size_t i, bool big_endi
   return value;
 }
 
+using Result = tl::expected<void, std::string>;
+
+// Walks a map of `entries`: `take(key)` reads the value of a key it knows and says whether it
+// did; other values, and keys that are not strings with theirs, are passed over.
+template <typename Take> bool read_map(MsgpackReader& reader, std::uint32_t entries, Take&& take) {
+  for (std::uint32_t i = 0; i < entries && !reader.failed(); ++i) {
+    const auto key = reader.str();
+    if (!key && !reader.skip()) return false;
+    if (key && take(*key)) continue;
+    if (!reader.skip()) return false;
+  }
+  return !reader.failed();
+}
+
 // [dtype, shape, data]: data is ext type 3 holding the bytes, or the index of a frame.
-tl::expected<ArrayView, std::string> decode_array(const msgpack::object& object,
+tl::expected<ArrayView, std::string> decode_array(MsgpackReader& reader,
                                                   std::span<const std::string_view> frames,
                                                   std::string_view what) {
   auto bad = [&](std::string_view why) {
     std::string text(what);
     return fail(text.append(": ").append(why));
   };
-  if (!is_array(object) || object.via.array.size != 3)
-    return bad("not a [dtype, shape, data] array");
-  auto name = as_str(object.via.array.ptr[0]);
-  auto dtype = name ? parse_dtype(*name) : std::nullopt;
+  const auto parts = reader.array();
+  if (!parts || *parts != 3) return bad("not a [dtype, shape, data] array");
+  const auto name = reader.str();
+  const auto dtype = name ? parse_dtype(*name) : std::nullopt;
   if (!dtype) return bad("dtype is not one of int32, int64, float32");
   ArrayView view;
   view.dtype = dtype->first;
   view.big_endian = dtype->second;
-  const msgpack::object& shape = object.via.array.ptr[1];
-  if (!is_array(shape) || shape.via.array.size > 2) return bad("shape has more than 2 dimensions");
-  const msgpack::object& data = object.via.array.ptr[2];
-  if (data.type == msgpack::type::EXT && data.via.ext.type() == kArrayExtType) {
-    view.data = std::string_view(data.via.ext.data(), data.via.ext.size);
-  } else if (data.type == msgpack::type::POSITIVE_INTEGER && data.via.u64 >= 1 &&
-             data.via.u64 < frames.size()) {
-    view.data = frames[data.via.u64];
-  } else {
-    return bad("data is neither ext type 3 nor the index of one of the message's frames");
+  const auto dimensions = reader.array();
+  if (!dimensions || *dimensions > 2) return bad("shape has more than 2 dimensions");
+  std::array<std::int64_t, 2> extents{0, 1};
+  for (std::uint32_t i = 0; i < *dimensions; ++i) {
+    const auto extent = reader.int64();
+    if (!extent || *extent < 0) return bad("shape holds a bad extent");
+    extents[i] = *extent;
   }
-  std::size_t elements = 1;
-  for (std::uint32_t i = 0; i < shape.via.array.size; ++i) {
-    auto extent = as_int64(shape.via.array.ptr[i]);
-    if (!extent || *extent < 0 || static_cast<std::size_t>(*extent) > view.data.size()) {
+  if (*dimensions == 0) extents = {1, 1};
+  constexpr std::string_view kNoData =
+      "data is neither ext type 3 nor the index of one of the message's frames";
+  if (const auto ext = reader.ext()) {
+    if (ext->type != kArrayExtType) return bad(kNoData);
+    view.data = ext->data;
+  } else if (const auto index = reader.int64();
+             index && *index >= 1 && static_cast<std::size_t>(*index) < frames.size()) {
+    view.data = frames[static_cast<std::size_t>(*index)];
+  } else {
+    return bad(kNoData);
+  }
+  for (std::size_t i = 0; i < 2; ++i) {
+    // No extent can exceed the bytes: their product then cannot overflow.
+    if (static_cast<std::uint64_t>(extents[i]) > view.data.size()) {
       return bad("shape holds a bad extent");
     }
-    view.shape[i] = static_cast<std::size_t>(*extent);
-    elements *= view.shape[i];
+    view.shape[i] = static_cast<std::size_t>(extents[i]);
   }
-  if (shape.via.array.size == 0) view.shape = {1, 1};
+  const std::size_t elements = view.shape[0] * view.shape[1];
   if (elements > view.data.size() || elements * item_size(view.dtype) != view.data.size()) {
     return bad("data does not hold shape × item size bytes");
   }
   return view;
 }
 
+// Where an output's logprobs point until the outputs stop moving (decode_outputs).
+const LogprobsView kPending;
+
 // LogprobsLists (3 or 4 entries) or LogprobsTensors (3 to 5): ids, logprobs, ranks, then the
-// cu_num_generated_tokens fields, which a per-request payload leaves nil.
-tl::expected<std::optional<LogprobsView>, std::string> decode_logprobs(
-    const msgpack::object& object, std::span<const std::string_view> frames,
-    std::string_view what) {
-  if (is_nil(object)) return std::nullopt;
+// cu_num_generated_tokens fields, which a per-request payload leaves nil. Onto `into`, with
+// `to` pointed at kPending.
+Result decode_logprobs(MsgpackReader& reader, std::span<const std::string_view> frames,
+                       std::string_view what, std::vector<LogprobsView>& into,
+                       const LogprobsView*& to) {
+  if (reader.nil()) return {};
   auto bad = [&](std::string_view why) {
     std::string text(what);
     return fail(text.append(": ").append(why));
   };
-  if (!is_array(object) || object.via.array.size < 3 || object.via.array.size > 5) {
-    return bad("not a tuple of 3 to 5 entries");
-  }
-  for (std::uint32_t i = 3; i < object.via.array.size; ++i) {
-    if (!is_nil(object.via.array.ptr[i])) return bad("cu_num_generated_tokens is set");
-  }
-  LogprobsView view;
-  auto ids = decode_array(object.via.array.ptr[0], frames, what);
+  const auto entries = reader.array();
+  if (!entries || *entries < 3 || *entries > 5) return bad("not a tuple of 3 to 5 entries");
+  LogprobsView& view = into.emplace_back();
+  to = &kPending;
+  auto ids = decode_array(reader, frames, what);
   if (!ids) return fail(ids.error());
-  auto logprobs = decode_array(object.via.array.ptr[1], frames, what);
+  auto logprobs = decode_array(reader, frames, what);
   if (!logprobs) return fail(logprobs.error());
-  auto ranks = decode_array(object.via.array.ptr[2], frames, what);
+  auto ranks = decode_array(reader, frames, what);
   if (!ranks) return fail(ranks.error());
+  for (std::uint32_t i = 3; i < *entries; ++i) {
+    if (!reader.nil()) return bad("cu_num_generated_tokens is set");
+  }
   view.token_ids = *ids;
   view.logprobs = *logprobs;
   view.ranks = *ranks;
@@ -127,65 +143,182 @@ tl::expected<std::optional<LogprobsView>, std::string> decode_logprobs(
     return bad("token ids, logprobs and ranks disagree on their shapes");
   }
   if (view.rows() > 0 && view.columns() == 0) return bad("rows without columns");
-  return view;
+  return {};
 }
 
-tl::expected<OutputView, std::string> decode_output(const msgpack::object& object,
-                                                    std::span<const std::string_view> frames) {
-  if (!is_array(object) || object.via.array.size < 2) {
-    return fail("EngineCoreOutput is not an array of at least 2 fields");
-  }
-  OutputView output;
-  auto id = as_str(field(object, 0));
+Result decode_finish(MsgpackReader& reader, OutputView& output) {
+  if (reader.nil()) return {};
+  output.finish_reason = reader.int64();
+  if (!output.finish_reason) return fail("finish_reason is not an integer");
+  return {};
+}
+
+Result decode_stop(MsgpackReader& reader, OutputView& output) {
+  if (reader.nil()) return {};
+  if ((output.stop_token = reader.int64())) return {};
+  if ((output.stop_text = reader.str())) return {};
+  return fail("stop_reason is neither a token id, a string nor nil");
+}
+
+// Into `output`, in place: a step holds thousands, and each is a few hundred bytes.
+Result decode_output(MsgpackReader& reader, std::span<const std::string_view> frames,
+                     OutputView& output, std::vector<LogprobsView>& logprobs) {
+  const auto fields = reader.array();
+  if (!fields || *fields < 2) return fail("EngineCoreOutput is not an array of at least 2 fields");
+  const auto id = reader.str();
   if (!id) return fail("EngineCoreOutput.request_id is not a string");
   output.request_id = *id;
-  const msgpack::object& tokens = field(object, 1);
-  if (is_array(tokens)) {
-    for (std::uint32_t i = 0; i < tokens.via.array.size; ++i) {
-      if (!as_int64(tokens.via.array.ptr[i])) return fail("new_token_ids holds a non-integer");
+  if (const auto count = reader.array()) {
+    const char* first = reader.position();
+    for (std::uint32_t i = 0; i < *count; ++i) {
+      if (!reader.int64()) return fail("new_token_ids holds a non-integer");
     }
-    output.new_token_ids = IntsView(tokens);
-  } else if (!is_nil(tokens)) {
+    output.new_token_ids = IntsView(first, *count);
+  } else if (!reader.nil()) {
     return fail("new_token_ids is not a list");
   }
-  auto logprobs = decode_logprobs(field(object, 2), frames, "new_logprobs");
-  if (!logprobs) return fail(logprobs.error());
-  output.logprobs = *logprobs;
-  auto prompt = decode_logprobs(field(object, 3), frames, "new_prompt_logprobs_tensors");
-  if (!prompt) return fail(prompt.error());
-  output.prompt_logprobs = *prompt;
-  // Early v1 engines had no pooling_output at index 4, so finish_reason sat there. A pooling
-  // output is never an integer, which tells the two apart.
-  const bool early = as_int64(field(object, 4)).has_value();
-  const msgpack::object& finish = field(object, early ? 4 : 5);
-  const msgpack::object& stop = field(object, early ? 5 : 6);
-  if (!is_nil(finish)) {
-    output.finish_reason = as_int64(finish);
-    if (!output.finish_reason) return fail("finish_reason is not an integer");
-  }
-  if (auto token = as_int64(stop)) {
-    output.stop_token = token;
-  } else if (auto text = as_str(stop)) {
-    output.stop_text = text;
-  } else if (!is_nil(stop)) {
-    return fail("stop_reason is neither a token id, a string nor nil");
-  }
-  if (early) return output;
-  if (is_map(field(object, 8))) output.kv_transfer_params = &field(object, 8);
+  // Early v1 engines had no pooling_output at index 4, so finish_reason sat there and
+  // stop_reason at 5. A pooling output is never an integer, which tells the two apart.
+  bool early = false;
   // Newer engines: prefill_stats (a map) at 11; older ones: num_cached_tokens at 10.
-  if (is_map(field(object, 11))) {
-    if (const msgpack::object* cached = find_key(field(object, 11), "num_cached_tokens")) {
-      output.num_cached_tokens = as_int64(*cached);
+  bool prefill_stats = false;
+  std::optional<std::int64_t> cached_field;
+  for (std::uint32_t i = 2; i < *fields; ++i) {
+    switch (i) {
+      case 2:
+        if (auto read = decode_logprobs(reader, frames, "new_logprobs", logprobs, output.logprobs);
+            !read) {
+          return read;
+        }
+        continue;
+      case 3:
+        if (auto read = decode_logprobs(reader, frames, "new_prompt_logprobs_tensors", logprobs,
+                                        output.prompt_logprobs);
+            !read) {
+          return read;
+        }
+        continue;
+      case 4:
+        early = (output.finish_reason = reader.int64()).has_value();
+        if (early) continue;
+        break;
+      case 5:
+        if (auto read = early ? decode_stop(reader, output) : decode_finish(reader, output);
+            !read) {
+          return read;
+        }
+        continue;
+      case 6:
+        if (early) break;
+        if (auto read = decode_stop(reader, output); !read) return read;
+        continue;
+      case 8:
+        if (early) break;
+        if (const auto map = reader.raw_map()) {
+          output.kv_transfer_params = *map;
+          continue;
+        }
+        break;
+      case 10:
+        if (!early && (cached_field = reader.int64())) continue;
+        break;
+      case 11:
+        if (early) break;
+        if (const auto entries = reader.map()) {
+          prefill_stats = true;
+          auto take = [&](std::string_view key) {
+            if (key != "num_cached_tokens") return false;
+            output.num_cached_tokens = reader.int64();
+            return output.num_cached_tokens.has_value();
+          };
+          if (!read_map(reader, *entries, take)) return fail(reader.error());
+          continue;
+        }
+        break;
+      default: break;
     }
-  } else if (auto cached = as_int64(field(object, 10))) {
-    output.num_cached_tokens = cached;
+    if (!reader.skip()) return fail(reader.error());
   }
-  return output;
+  if (!prefill_stats && !early) output.num_cached_tokens = cached_field;
+  return {};
 }
 
-std::optional<std::int64_t> stat(const msgpack::object& map, std::string_view key) {
-  const msgpack::object* value = find_key(map, key);
-  return value ? as_int64(*value) : std::nullopt;
+Result decode_message(MsgpackReader& reader, std::span<const std::string_view> frames,
+                      const DecodeLimits& limits, DecodedOutputs& into) {
+  const auto fields = reader.array();
+  if (!fields || *fields < 2) {
+    return fail("EngineCoreOutputs is not an array of at least 2 fields");
+  }
+  for (std::uint32_t i = 0; i < *fields; ++i) {
+    switch (i) {
+      case 0:
+        if (const auto index = reader.int64()) {
+          into.engine_index = *index;
+          continue;
+        }
+        break;
+      case 1: {
+        const auto count = reader.array();
+        if (!count) return fail("EngineCoreOutputs.outputs is not a list");
+        into.outputs.reserve(*count);
+        for (std::uint32_t k = 0; k < *count; ++k) {
+          if (auto read = decode_output(reader, frames, into.outputs.emplace_back(), into.logprobs);
+              !read) {
+            return read;
+          }
+        }
+        continue;
+      }
+      case 2:
+        if (const auto entries = reader.map()) {
+          SchedulerStats stats;
+          auto take = [&](std::string_view key) {
+            std::int64_t* slot = key == "num_running_reqs"   ? &stats.running
+                                 : key == "num_waiting_reqs" ? &stats.waiting
+                                                             : nullptr;
+            if (slot == nullptr) return false;
+            const auto value = reader.int64();
+            *slot = value.value_or(0);
+            return value.has_value();
+          };
+          if (!read_map(reader, *entries, take)) return fail(reader.error());
+          into.scheduler_stats = stats;
+          continue;
+        }
+        break;
+      case 4: {
+        // A utility reply: rare and small, so decoded as a tree.
+        if (reader.nil()) continue;
+        const auto bytes = reader.raw();
+        if (!bytes) return fail(reader.error());
+        auto handle = wire::decode(*bytes, limits);
+        if (!handle) return fail(handle.error());
+        auto reply = decode_utility_output(handle->get());
+        if (!reply) return fail(reply.error());
+        into.utility_output = std::move(*reply);
+        continue;
+      }
+      case 5:
+        if (const auto count = reader.array()) {
+          for (std::uint32_t k = 0; k < *count; ++k) {
+            const auto id = reader.str();
+            if (!id) return fail("finished_requests holds a non-string");
+            into.finished_requests.push_back(*id);
+          }
+          continue;
+        }
+        break;
+      case 6:
+        if ((into.wave_complete = reader.int64())) continue;
+        break;
+      case 7:
+        if ((into.start_wave = reader.int64())) continue;
+        break;
+      default: break;
+    }
+    if (!reader.skip()) return fail(reader.error());
+  }
+  return {};
 }
 
 // ---- encoding ----
@@ -272,8 +405,6 @@ std::string_view finish_reason_name(FinishReason reason) {
   return "error";
 }
 
-std::int64_t IntsView::operator[](std::size_t i) const { return *as_int64(items_[i]); }
-
 std::int64_t ArrayView::integer(std::size_t i) const {
   return dtype == Dtype::kInt64 ? load<std::int64_t>(data, i, big_endian)
                                 : load<std::int32_t>(data, i, big_endian);
@@ -284,44 +415,36 @@ double ArrayView::real(std::size_t i) const {
                                   : static_cast<double>(integer(i));
 }
 
+tl::expected<void, std::string> decode_outputs(std::span<const std::string_view> frames,
+                                               DecodedOutputs& into, const DecodeLimits& limits) {
+  into.engine_index = 0;
+  into.outputs.clear();
+  into.logprobs.clear();
+  into.scheduler_stats.reset();
+  into.utility_output.reset();
+  into.finished_requests.clear();
+  into.wave_complete.reset();
+  into.start_wave.reset();
+  if (frames.empty()) return fail("an outputs message without frames");
+  MsgpackReader reader(frames[0], limits);
+  auto decoded = decode_message(reader, frames, limits, into);
+  // Malformed bytes explain a failure better than the field that tripped on them.
+  if (reader.failed()) return fail(reader.error());
+  if (!decoded) return decoded;
+  if (!reader.done()) return fail("trailing bytes after the msgpack value");
+  // The logprobs no longer move: point each output at its own, in the order they were read.
+  auto next = into.logprobs.begin();
+  for (OutputView& output : into.outputs) {
+    if (output.logprobs == &kPending) output.logprobs = &*next++;
+    if (output.prompt_logprobs == &kPending) output.prompt_logprobs = &*next++;
+  }
+  return {};
+}
+
 tl::expected<DecodedOutputs, std::string> decode_outputs(std::span<const std::string_view> frames,
                                                          const DecodeLimits& limits) {
-  if (frames.empty()) return fail("an outputs message without frames");
-  auto handle = decode(frames[0], limits);
-  if (!handle) return fail(handle.error());
   DecodedOutputs decoded;
-  decoded.handle = std::move(*handle);
-  const msgpack::object& array = decoded.handle.get();
-  if (!is_array(array) || array.via.array.size < 2) {
-    return fail("EngineCoreOutputs is not an array of at least 2 fields");
-  }
-  decoded.engine_index = as_int64(field(array, 0)).value_or(0);
-  const msgpack::object& outputs = field(array, 1);
-  if (!is_array(outputs)) return fail("EngineCoreOutputs.outputs is not a list");
-  decoded.outputs.reserve(outputs.via.array.size);
-  for (std::uint32_t i = 0; i < outputs.via.array.size; ++i) {
-    auto output = decode_output(outputs.via.array.ptr[i], frames);
-    if (!output) return fail(output.error());
-    decoded.outputs.push_back(*output);
-  }
-  if (const msgpack::object& stats = field(array, 2); is_map(stats)) {
-    decoded.scheduler_stats = SchedulerStats{stat(stats, "num_running_reqs").value_or(0),
-                                             stat(stats, "num_waiting_reqs").value_or(0)};
-  }
-  if (const msgpack::object& utility = field(array, 4); !is_nil(utility)) {
-    auto reply = decode_utility_output(utility);
-    if (!reply) return fail(reply.error());
-    decoded.utility_output = std::move(*reply);
-  }
-  if (const msgpack::object& finished = field(array, 5); is_array(finished)) {
-    for (std::uint32_t i = 0; i < finished.via.array.size; ++i) {
-      auto id = as_str(finished.via.array.ptr[i]);
-      if (!id) return fail("finished_requests holds a non-string");
-      decoded.finished_requests.push_back(*id);
-    }
-  }
-  decoded.wave_complete = as_int64(field(array, 6));
-  decoded.start_wave = as_int64(field(array, 7));
+  if (auto done = decode_outputs(frames, decoded, limits); !done) return fail(done.error());
   return decoded;
 }
 

@@ -7,11 +7,13 @@
 // read as nil, extra ones are ignored), the layouts before and after prefill_stats, the early
 // one without pooling_output, logprob tuples of 3 to 5 entries, ndarrays and tensors inline
 // (msgpack ext type 3, any ext width) or as an index into the message's extra frames. The
-// decoded message is a set of views into the frames and into the msgpack object tree: nothing
-// is copied per token, and the frames must outlive the result.
+// decoded message is a set of views into the frames, read in place (msgpack_reader.hpp):
+// nothing is built or copied per token, and the frames must outlive the result.
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
@@ -21,6 +23,7 @@
 
 #include "common/wire/messages.hpp"
 #include "common/wire/msgpack_codec.hpp"
+#include "common/wire/msgpack_reader.hpp"
 
 namespace vllmd::wire {
 
@@ -34,18 +37,48 @@ enum class FinishReason : std::uint8_t {
 // "stop", "length", "abort", "error", "repetition": vLLM's FINISH_REASON_STRINGS.
 std::string_view finish_reason_name(FinishReason reason);
 
-// Integers of a msgpack array already checked to be integers.
+// The integers of a msgpack array, read in place: decoding checked each one fits int64.
 class IntsView {
  public:
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = std::int64_t;
+    using difference_type = std::ptrdiff_t;
+    using reference = std::int64_t;
+    using pointer = void;
+    Iterator() = default;
+    Iterator(const char* at, std::size_t left) : at_(at), left_(left) {}
+    std::int64_t operator*() const {
+      const char* at = at_;
+      return read_checked_int(at);
+    }
+    Iterator& operator++() {
+      read_checked_int(at_);
+      --left_;
+      return *this;
+    }
+    Iterator operator++(int) {
+      Iterator before = *this;
+      ++*this;
+      return before;
+    }
+    bool operator==(const Iterator& other) const { return left_ == other.left_; }
+
+   private:
+    const char* at_ = nullptr;
+    std::size_t left_ = 0;
+  };
+
   IntsView() = default;
-  explicit IntsView(const msgpack::object& array)
-      : items_(array.via.array.ptr), size_(array.via.array.size) {}
+  IntsView(const char* first, std::size_t size) : first_(first), size_(size) {}
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  std::int64_t operator[](std::size_t i) const;
+  Iterator begin() const { return {first_, size_}; }
+  Iterator end() const { return {nullptr, 0}; }
 
  private:
-  const msgpack::object* items_ = nullptr;
+  const char* first_ = nullptr;  // the first element's msgpack bytes
   std::size_t size_ = 0;
 };
 
@@ -73,17 +106,18 @@ struct LogprobsView {
   std::size_t columns() const { return token_ids.shape[1]; }
 };
 
-// One EngineCoreOutput: a request's delta since the previous step.
+// One EngineCoreOutput: a request's delta since the previous step. A step holds thousands:
+// what every step reads comes first, and the rarer logprobs sit apart (DecodedOutputs).
 struct OutputView {
   std::string_view request_id;  // the engine's id
   IntsView new_token_ids;
-  std::optional<LogprobsView> logprobs;
-  std::optional<LogprobsView> prompt_logprobs;
-  std::optional<std::int64_t> finish_reason;  // as sent; values past kRepetition are unknown
+  std::optional<std::int64_t> finish_reason;      // as sent; values past kRepetition are unknown
+  std::optional<std::int64_t> num_cached_tokens;  // prefill_stats, or the older field
+  const LogprobsView* logprobs = nullptr;
+  const LogprobsView* prompt_logprobs = nullptr;
   std::optional<std::int64_t> stop_token;     // stop_reason when it is a token id
   std::optional<std::string_view> stop_text;  // stop_reason when it is a string
-  const msgpack::object* kv_transfer_params = nullptr;  // a map, or null
-  std::optional<std::int64_t> num_cached_tokens;        // prefill_stats, or the older field
+  std::string_view kv_transfer_params;        // the map's msgpack bytes, or empty
 };
 
 struct SchedulerStats {
@@ -92,9 +126,9 @@ struct SchedulerStats {
 };
 
 struct DecodedOutputs {
-  msgpack::object_handle handle;  // owns the object tree the views point into
   std::int64_t engine_index = 0;
   std::vector<OutputView> outputs;
+  std::vector<LogprobsView> logprobs;  // what the outputs' logprobs point to
   std::optional<SchedulerStats> scheduler_stats;
   std::optional<UtilityOutput> utility_output;
   std::vector<std::string_view> finished_requests;
@@ -105,6 +139,10 @@ struct DecodedOutputs {
 // `frames[0]` is the EngineCoreOutputs; an array whose data is the integer i is frames[i].
 tl::expected<DecodedOutputs, std::string> decode_outputs(std::span<const std::string_view> frames,
                                                          const DecodeLimits& limits = {});
+// The same into `into`, whose vectors keep their capacity from message to message.
+tl::expected<void, std::string> decode_outputs(std::span<const std::string_view> frames,
+                                               DecodedOutputs& into,
+                                               const DecodeLimits& limits = {});
 
 // ---- the engine side (the reference engine, tests) ----
 

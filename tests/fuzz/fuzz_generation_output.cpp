@@ -2,7 +2,8 @@
 // payloads an engine decodes. The input is split into frames: the first byte's low two bits
 // give the number of extra frames, each then prefixed by one length byte; the rest is frame 0.
 // Every decoder must answer with a value or an error string, and every view it returns must
-// read only inside the frames (ASan checks each element read below).
+// read only inside the frames (ASan checks each element read below). Outputs are read in
+// place, not through msgpack-c: whatever they accept must be msgpack that msgpack-c accepts.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -41,9 +42,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   frames[0] = input;
   volatile double sink = 0;
   if (auto decoded = wire::decode_outputs(frames)) {
+    // The in-place reader accepts only well-formed msgpack: the tree decoder reads it too
+    // (with room for the depth the reader counts from each skipped field, not the frame).
+    wire::DecodeLimits deep;
+    deep.depth = 1024;
+    if (!wire::decode(frames[0], deep)) __builtin_trap();
     for (const wire::OutputView& output : decoded->outputs) {
-      for (std::size_t i = 0; i < output.new_token_ids.size(); ++i) {
-        sink = sink + static_cast<double>(output.new_token_ids[i]);
+      for (const std::int64_t token : output.new_token_ids) {
+        sink = sink + static_cast<double>(token);
       }
       if (output.logprobs) sink = sink + touch(*output.logprobs);
       if (output.prompt_logprobs) sink = sink + touch(*output.prompt_logprobs);

@@ -41,9 +41,7 @@ class RecordingSink final : public RequestSink {
   void on_output(const wire::OutputView& output) override {
     std::lock_guard lock(mutex_);
     CHECK_FALSE(ended_);
-    for (std::size_t i = 0; i < output.new_token_ids.size(); ++i) {
-      tokens_.push_back(output.new_token_ids[i]);
-    }
+    for (const std::int64_t token : output.new_token_ids) tokens_.push_back(token);
     if (output.logprobs) {
       for (std::size_t i = 0; i < output.logprobs->token_ids.size(); ++i) {
         logprobs_.push_back(output.logprobs->logprobs.real(i));

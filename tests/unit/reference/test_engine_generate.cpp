@@ -70,9 +70,7 @@ Stream collect(Frontend& frontend, const std::string& id, int limit = 200) {
     ++stream.messages;
     for (const auto& output : message->decoded.outputs) {
       if (output.request_id != id) continue;
-      for (std::size_t t = 0; t < output.new_token_ids.size(); ++t) {
-        stream.tokens.push_back(output.new_token_ids[t]);
-      }
+      for (const std::int64_t token : output.new_token_ids) stream.tokens.push_back(token);
       stream.finish_reason = output.finish_reason;
     }
   }
