@@ -66,25 +66,28 @@ class Rollout final : public engine::RequestSink {
   Usage usage() const;
   void end(Response response);
 
-  // IO thread, every engine step: first, on one cache line (thousands of streams each get a
-  // delta per step, and each line a step touches per stream is a likely cache miss).
+  // IO thread, every engine step: first, on as few cache lines as they fit (thousands of
+  // streams each get a delta per step, and each line a step touches per stream is a likely
+  // cache miss).
   bool streaming_ = false;  // the SSE head went out
   bool ended_ = false;
+  const bool continuous_usage_;  // setup_'s flags that every event reads, kept here
+  const bool with_logprobs_;
   ResponseStream* stream_;            // call_->stream, one hop less per event
   std::vector<std::int64_t> tokens_;  // all of them, or a stream's unsent delta
+  std::string logprob_items_;         // like tokens_, rendered
+  // What every event of a stream starts with, up to its choice: rendered once.
+  const std::string event_head_;
   std::int64_t completion_tokens_ = 0;
   std::chrono::steady_clock::time_point first_token_at_{};  // {} until the first token
 
   GenerationService& service_;
   engine::EngineRequests& requests_;
   const RolloutSetup setup_;
-  // What every event of a stream starts with, up to its choice: rendered once.
-  const std::string event_head_;
   CallPtr call_;
   Done done_;
 
   // IO thread only, now and then.
-  std::string logprob_items_;  // like tokens_, rendered
   std::string prompt_logprob_rows_;
   std::string kv_transfer_params_ = "null";
   std::int64_t cached_tokens_ = 0;

@@ -32,7 +32,7 @@ std::string seconds_of(Clock::duration duration) {
 Connection::Connection(std::uint64_t id, int fd, std::unique_ptr<Transport> transport,
                        std::optional<util::IpAddress> peer, ConnectionHost& host,
                        const ConnectionLimits& limits)
-    : id_(id), fd_(fd), transport_(std::move(transport)), peer_(peer), host_(host),
+    : transport_(std::move(transport)), id_(id), fd_(fd), peer_(peer), host_(host),
       limits_(limits) {
   phase_since_ = last_progress_ = Clock::now();
 }
