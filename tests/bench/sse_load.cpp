@@ -20,6 +20,7 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -29,6 +30,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -38,6 +40,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+std::chrono::nanoseconds realtime_lead() {
+  timespec real{};
+  timespec steady{};
+  ::clock_gettime(CLOCK_REALTIME, &real);
+  ::clock_gettime(CLOCK_MONOTONIC, &steady);
+  return std::chrono::seconds(real.tv_sec - steady.tv_sec) +
+         std::chrono::nanoseconds(real.tv_nsec - steady.tv_nsec);
+}
+
 double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
 struct Stream {
@@ -46,6 +57,8 @@ struct Stream {
   State state = State::kConnecting;
   std::size_t sent = 0;
   Clock::time_point due, request_sent, first_event, last_event;
+  // When the first event's bytes reached this socket, by the kernel's receive timestamp.
+  Clock::time_point first_arrival;
   bool have_first = false;
   bool chunked = false;
   std::uint64_t chunk_left = 0;  // bytes of the current chunk's data still to come
@@ -166,8 +179,9 @@ class Runner {
     end_ = Clock::now();
   }
 
-  // One line per stream that got a first event: its id, when its request's last byte went and
-  // when its first event came, in CLOCK_MONOTONIC seconds (the engines' clock on this machine).
+  // One line per stream that got a first event: its id, when its request's last byte went,
+  // when its first event was read and when that event's bytes reached the socket, in
+  // CLOCK_MONOTONIC seconds (the engines' clock on this machine).
   void write_times(const std::string& path) const {
     std::FILE* out = std::fopen(path.c_str(), "w");
     if (out == nullptr) return;
@@ -177,7 +191,8 @@ class Runner {
     for (std::size_t i = 0; i < streams_.size(); ++i) {
       const Stream& s = streams_[i];
       if (s.have_first) {
-        std::fprintf(out, "s%zu %.6f %.6f\n", i, seconds(s.request_sent), seconds(s.first_event));
+        std::fprintf(out, "s%zu %.6f %.6f %.6f\n", i, seconds(s.request_sent),
+                     seconds(s.first_event), seconds(s.first_arrival));
       }
     }
     std::fclose(out);
@@ -244,6 +259,7 @@ class Runner {
     }
     const int one = 1;
     ::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    ::setsockopt(s.fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
     if (::connect(s.fd, reinterpret_cast<const sockaddr*>(&address_), sizeof address_) != 0 &&
         errno != EINPROGRESS) {
       fail(s, totals_.connect_errors);
@@ -311,11 +327,14 @@ class Runner {
     char buffer[65536];
     bool woken_by_event = s.state == Stream::State::kBody;
     for (;;) {
-      const ssize_t n = ::recv(s.fd, buffer, sizeof buffer, 0);
+      Clock::time_point arrived{};
+      const ssize_t n = receive_stamped(s.fd, buffer, sizeof buffer, arrived);
       if (n > 0) {
         s.in.append(buffer, static_cast<std::size_t>(n));
         const Clock::time_point now = Clock::now();
+        const bool had_first = s.have_first;
         if (!parse(s, now, woken_by_event ? ready_at : now)) return;
+        if (!had_first && s.have_first) s.first_arrival = arrived;
         woken_by_event = false;
         if (static_cast<std::size_t>(n) < sizeof buffer) return;
         continue;
@@ -331,6 +350,33 @@ class Runner {
       if (!s.done) fail(s, totals_.io_errors);
       return;
     }
+  }
+
+  // recv, with the kernel's receive time of the last segment read (SO_TIMESTAMPNS, on
+  // CLOCK_REALTIME) turned into a steady-clock time point: when the frontend's write reached
+  // this socket, whatever this process was busy with then. With several segments read at
+  // once it is the last one's, so a first event read late is never timed early.
+  ssize_t receive_stamped(int fd, char* buffer, std::size_t size, Clock::time_point& arrived) {
+    iovec io{buffer, size};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(timespec))];
+    msghdr message{};
+    message.msg_iov = &io;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(fd, &message, 0);
+    if (n <= 0) return n;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
+      timespec stamp{};
+      std::memcpy(&stamp, CMSG_DATA(c), sizeof stamp);
+      const auto since_epoch =
+          std::chrono::seconds(stamp.tv_sec) + std::chrono::nanoseconds(stamp.tv_nsec);
+      arrived = Clock::time_point(
+          std::chrono::duration_cast<Clock::duration>(since_epoch - realtime_ahead_));
+    }
+    if (arrived == Clock::time_point{}) arrived = Clock::now();
+    return n;
   }
 
   // False once the stream ended (done or failed). A first event found is timed at `first_at`.
@@ -425,6 +471,8 @@ class Runner {
     s.events.erase(0, at);
   }
 
+  // CLOCK_REALTIME's lead on CLOCK_MONOTONIC (steady_clock here), for receive timestamps.
+  std::chrono::nanoseconds realtime_ahead_ = realtime_lead();
   sockaddr_in address_;
   std::string request_;
   std::string one_request_;  // the request being sent, with its stream's id

@@ -122,6 +122,7 @@ def scenario_generate(ctx, server, streams, step_ms, ramp_s):
             "added_ttft_us": {q: max(0.0, figures["ttft_us"][q] - period_us)
                               for q in ("p50", "p90", "p99")},
             "measured_added_ttft_us": measured_added_ttft(record_path, times_path),
+            "written_added_ttft_us": measured_added_ttft(record_path, times_path, written=True),
         })
         return figures
     finally:
@@ -133,12 +134,16 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
-def measured_added_ttft(record_path, times_path):
+def measured_added_ttft(record_path, times_path, written=False):
     """What the frontend adds to each request's time to first token, timed on both sides with
     the one CLOCK_MONOTONIC of this machine: (the engine got its ADD - the client sent it) +
     (the client read its first event - the engine sent the step holding it). The engine's
     wait for its next step and the step's own work are left out. Requests are matched by the
-    client's X-Request-Id s<N>, which both frontends put in the engine's request id."""
+    client's X-Request-Id s<N>, which both frontends put in the engine's request id.
+
+    `written`: the first event timed when its bytes reached the client's socket (the kernel's
+    receive timestamp) rather than when the client read them, which leaves out the load
+    generator's own wait for a CPU while the frontend holds them both."""
     added_at, first_at = {}, {}
     with open(record_path, encoding="utf-8") as handle:
         for line in handle:
@@ -155,7 +160,9 @@ def measured_added_ttft(record_path, times_path):
     added = []
     with open(times_path, encoding="utf-8") as handle:
         for line in handle:
-            stream, sent, first = line.split()
+            fields = line.split()
+            stream, sent = fields[0], fields[1]
+            first = fields[3] if written else fields[2]
             if stream in added_at and stream in first_at:
                 added.append(((added_at[stream] - float(sent)) +
                               (float(first) - first_at[stream])) * 1e6)
@@ -277,6 +284,10 @@ def report_generate(report, results, ctx):
             lambda x: (x["measured_added_ttft_us"]["p50"] or 0) / 1e3, 2)
         row("added TTFT, engine-timed p99 ms",
             lambda x: (x["measured_added_ttft_us"]["p99"] or 0) / 1e3, 2)
+        row("  ... to socket arrival, p50 ms",
+            lambda x: (x["written_added_ttft_us"]["p50"] or 0) / 1e3, 2)
+        row("  ... to socket arrival, p99 ms",
+            lambda x: (x["written_added_ttft_us"]["p99"] or 0) / 1e3, 2)
         row("RSS growth per stream, KiB", lambda x: x["rss_per_stream"] / 1024, 1, False)
         row("idle RSS, MB", lambda x: x["idle_rss"] / 1e6, 1, False)
         for server, x in (("vllmd", v), ("baseline", b)):
@@ -331,10 +342,12 @@ def report_generate(report, results, ctx):
         if streams == small:
             measured = v["measured_added_ttft_us"]
             p99 = (measured["p99"] or 0) / 1e3
+            written = (v["written_added_ttft_us"]["p99"] or 0) / 1e3
             target(f"added TTFT p99 < 2 ms ({streams} streams)",
                    p99 < 2 if measured["requests"] else None,
-                   f"{p99:.2f} ms, engine-timed over {measured['requests']} requests (the "
-                   f"bound client p99 - step period: "
+                   f"{p99:.2f} ms, engine-timed over {measured['requests']} requests "
+                   f"({written:.2f} ms to the first event's arrival in the client's socket; "
+                   f"the bound client p99 - step period: "
                    f"{v['added_ttft_us']['p99'] / 1e3:.2f} ms)")
         kib = v["rss_per_stream"] / 1024
         target(f"RSS < 32 KiB per open stream ({streams} streams)", kib < 32,
