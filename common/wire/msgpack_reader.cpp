@@ -2,7 +2,6 @@
 
 #include <limits>
 
-
 namespace vllmd::wire {
 
 namespace {
@@ -69,9 +68,15 @@ std::optional<MsgpackReader::Head> MsgpackReader::head() {
       case 0xc0: head.kind = Kind::kNil; break;
       case 0xc2:
       case 0xc3: head.kind = Kind::kBool; break;
-      case 0xc4: if (!sized(Kind::kBin, 1)) return std::nullopt; break;
-      case 0xc5: if (!sized(Kind::kBin, 2)) return std::nullopt; break;
-      case 0xc6: if (!sized(Kind::kBin, 4)) return std::nullopt; break;
+      case 0xc4:
+        if (!sized(Kind::kBin, 1)) return std::nullopt;
+        break;
+      case 0xc5:
+        if (!sized(Kind::kBin, 2)) return std::nullopt;
+        break;
+      case 0xc6:
+        if (!sized(Kind::kBin, 4)) return std::nullopt;
+        break;
       case 0xc7:
       case 0xc8:
       case 0xc9: {
@@ -103,13 +108,27 @@ std::optional<MsgpackReader::Head> MsgpackReader::head() {
         head.size = std::size_t{1} << (byte - 0xd4);
         head.ext_type = static_cast<std::int8_t>(at_[1]);
         break;
-      case 0xd9: if (!sized(Kind::kStr, 1)) return std::nullopt; break;
-      case 0xda: if (!sized(Kind::kStr, 2)) return std::nullopt; break;
-      case 0xdb: if (!sized(Kind::kStr, 4)) return std::nullopt; break;
-      case 0xdc: if (!sized(Kind::kArray, 2)) return std::nullopt; break;
-      case 0xdd: if (!sized(Kind::kArray, 4)) return std::nullopt; break;
-      case 0xde: if (!sized(Kind::kMap, 2)) return std::nullopt; break;
-      case 0xdf: if (!sized(Kind::kMap, 4)) return std::nullopt; break;
+      case 0xd9:
+        if (!sized(Kind::kStr, 1)) return std::nullopt;
+        break;
+      case 0xda:
+        if (!sized(Kind::kStr, 2)) return std::nullopt;
+        break;
+      case 0xdb:
+        if (!sized(Kind::kStr, 4)) return std::nullopt;
+        break;
+      case 0xdc:
+        if (!sized(Kind::kArray, 2)) return std::nullopt;
+        break;
+      case 0xdd:
+        if (!sized(Kind::kArray, 4)) return std::nullopt;
+        break;
+      case 0xde:
+        if (!sized(Kind::kMap, 2)) return std::nullopt;
+        break;
+      case 0xdf:
+        if (!sized(Kind::kMap, 4)) return std::nullopt;
+        break;
       default: return stop("malformed msgpack frame: reserved byte 0xc1");
     }
   }

@@ -74,8 +74,8 @@ class MsgpackReader {
   std::optional<Ext> ext();
   // Passes over the next value whatever it is; false when it is malformed.
   bool skip() {
-    if (at_ != end_ && (tag() <= 0x7f || tag() >= 0xe0 || tag() == 0xc0 || tag() == 0xc2 ||
-                        tag() == 0xc3)) {
+    if (at_ != end_ &&
+        (tag() <= 0x7f || tag() >= 0xe0 || tag() == 0xc0 || tag() == 0xc2 || tag() == 0xc3)) {
       ++at_;
       return true;
     }
@@ -117,7 +117,7 @@ class MsgpackReader {
   std::optional<std::uint32_t> long_container();
   bool skip_value(std::size_t depth);
   bool fail(std::string why);
-  std::nullopt_t stop(std::string why);  // fail(), as a read's answer
+  std::nullopt_t stop(std::string why);      // fail(), as a read's answer
   [[gnu::cold]] std::nullopt_t truncated();  // out of line: the inline reads build no string
   std::size_t left() const { return static_cast<std::size_t>(end_ - at_); }
 

@@ -50,7 +50,15 @@ TEST_CASE("integers of every width read as int64, and a uint64 past its range is
 }
 
 TEST_CASE("a read of the wrong type leaves the value for the next read") {
-  const std::string bytes = from_hex("a3616263" "c0" "92" "01" "02" "81" "a178" "c3");
+  const std::string bytes = from_hex(
+      "a3616263"
+      "c0"
+      "92"
+      "01"
+      "02"
+      "81"
+      "a178"
+      "c3");
   MsgpackReader reader(bytes);
   CHECK_FALSE(reader.int64().has_value());
   CHECK_FALSE(reader.array().has_value());
@@ -71,15 +79,20 @@ TEST_CASE("a read of the wrong type leaves the value for the next read") {
 
 TEST_CASE("long strings, arrays, maps and every ext width") {
   const std::string text(40, 'a');
-  const std::string bytes = from_hex("d928") + text + from_hex(
-                                                          "dc0001" "01"
-                                                          "dd00000001" "02"
-                                                          "de0001" "a16b" "03"
-                                                          "d40301"
-                                                          "d5030102"
-                                                          "c70203aabb"
-                                                          "c8000203aabb"
-                                                          "c90000000203aabb");
+  const std::string bytes = from_hex("d928") + text +
+                            from_hex(
+                                "dc0001"
+                                "01"
+                                "dd00000001"
+                                "02"
+                                "de0001"
+                                "a16b"
+                                "03"
+                                "d40301"
+                                "d5030102"
+                                "c70203aabb"
+                                "c8000203aabb"
+                                "c90000000203aabb");
   MsgpackReader reader(bytes);
   CHECK(reader.str() == text);
   CHECK(reader.array() == 1U);
@@ -99,9 +112,15 @@ TEST_CASE("long strings, arrays, maps and every ext width") {
 }
 
 TEST_CASE("skip and raw pass over nested values of every kind, bin and floats too") {
-  const std::string frame =
-      from_hex("82" "a161" "93c0c2c3" "a162" "93c4020102" "ca3f800000" "cb3ff0000000000000") +
-      from_hex("05");
+  const std::string frame = from_hex(
+                                "82"
+                                "a161"
+                                "93c0c2c3"
+                                "a162"
+                                "93c4020102"
+                                "ca3f800000"
+                                "cb3ff0000000000000") +
+                            from_hex("05");
   MsgpackReader reader(frame);
   const auto raw = reader.raw();
   REQUIRE(raw.has_value());
@@ -109,7 +128,9 @@ TEST_CASE("skip and raw pass over nested values of every kind, bin and floats to
   CHECK(reader.int64() == 5);
   CHECK(reader.done());
   // raw_map takes only a map.
-  const std::string two = from_hex("91c0" "80");
+  const std::string two = from_hex(
+      "91c0"
+      "80");
   MsgpackReader maps(two);
   CHECK_FALSE(maps.raw_map().has_value());
   CHECK(maps.skip());
@@ -133,7 +154,9 @@ TEST_CASE("frames cut short, oversized or malformed fail for good, as decode ref
   CHECK(refused("").find("truncated") != std::string::npos);
   CHECK(refused("cd04").find("truncated") != std::string::npos);
   CHECK(refused("a4616263") == "truncated msgpack frame");
-  CHECK(refused("92" "01").find("truncated") != std::string::npos);
+  CHECK(refused("92"
+                "01")
+            .find("truncated") != std::string::npos);
   CHECK(refused("c1").find("0xc1") != std::string::npos);
   CHECK(refused("c70503aa").find("truncated") != std::string::npos);
   // A count no frame of this size could hold, and one past a limit.
