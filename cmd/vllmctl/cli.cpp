@@ -65,6 +65,8 @@ struct Args {
   std::string sync_init;
   CLI::Option* sync_init_option = nullptr;
   int sync_sleep = 1;
+  std::string sync_pause_mode;
+  CLI::Option* sync_pause_mode_option = nullptr;
   CLI::Option* sync_sleep_option = nullptr;
   std::string sync_verify;
   CLI::Option* sync_verify_option = nullptr;
@@ -132,6 +134,14 @@ void define_sync(CLI::App& weights, Args& args, Commands& commands) {
       sync->add_option("--version", args.sync_version, "weight version to commit")->type_name("V");
   CLI::Option* no_pause =
       sync->add_flag("--no-pause", args.sync.no_pause, "leave generation running during the sync");
+  args.sync_pause_mode_option =
+      sync->add_option("--pause-mode", args.sync_pause_mode,
+                       "abort|wait|keep: what the pause does to in-flight requests (default "
+                       "keep: they freeze and go on under the new weights; with --sleep: "
+                       "abort, and keep is refused)")
+          ->type_name("MODE")
+          ->check(CLI::IsMember({"abort", "wait", "keep"}))
+          ->excludes(no_pause);
   args.sync_sleep_option =
       sync->add_option("--sleep", args.sync_sleep,
                        "colocated: sleep at this level (1|2) around the update, waking the "
@@ -155,6 +165,7 @@ void define_sync(CLI::App& weights, Args& args, Commands& commands) {
     if (args.sync_version_option->count() > 0) args.sync.version = args.sync_version;
     if (args.sync_init_option->count() > 0) args.sync.init = args.sync_init;
     if (args.sync_sleep_option->count() > 0) args.sync.sleep_level = args.sync_sleep;
+    if (args.sync_pause_mode_option->count() > 0) args.sync.pause_mode = args.sync_pause_mode;
     if (args.sync_servers_file_option->count() > 0) args.sync.servers_file = args.sync_servers_file;
     auto servers = server_list(args.flags, args.sync.servers_file);
     if (!servers) return c.out().fail("", servers.error());

@@ -19,6 +19,9 @@ struct SyncArgs {
   std::vector<std::string> updates;
   std::optional<std::string> version;
   bool no_pause = false;
+  // The pause's mode: keep freezes in-flight rollouts across the sync, and they go on under
+  // the new weights; none given: keep, or abort with --sleep (which drops their KV cache).
+  std::optional<std::string> pause_mode;
   std::optional<int> sleep_level;           // --sleep: the colocated order
   std::optional<std::string> verify;        // --verify FILE: commit only if the checksums match
   std::optional<std::string> servers_file;  // --servers-file: more servers, one URL per line

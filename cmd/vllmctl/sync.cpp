@@ -57,6 +57,7 @@ std::string as_json_value(const std::string& body) {
 // What a sync does besides start/update/finish.
 struct SyncPlan {
   bool pauses = true;
+  std::string pause_mode = "keep";
   std::optional<int> sleep_level;       // --sleep: the colocated order
   std::optional<std::string> version;   // the version to commit
   std::optional<std::string> baseline;  // --verify: checksums the workers must hold
@@ -98,7 +99,10 @@ class ServerSync {
         return;
       }
     }
-    if (plan_.pauses) step("pause", Call{Operation::kPause});
+    if (plan_.pauses) {
+      step("pause", Call{Operation::kPause, {{"mode", plan_.pause_mode}}},
+           "mode " + plan_.pause_mode);
+    }
     if (plan_.sleep_level) {
       step("sleep", Call{Operation::kSleep, {{"level", std::to_string(*plan_.sleep_level)}}});
       step("wake up", Call{Operation::kWakeUp, {{"tags", "weights"}}}, "weights");
@@ -363,7 +367,13 @@ int weights_sync(const std::vector<Context>& given, const SyncArgs& args) {
   std::vector<InfoInput> inputs = sync_inputs(args);
   // All inputs are checked before generation is paused: a typo must not cost a pause.
   if (auto checked = check_inputs(inputs); !checked) return out.fail(kCommand, checked.error());
+  if (args.sleep_level && args.pause_mode == "keep") {
+    return out.fail(kCommand, InputError{api::exit_code::kUsage,
+                                         "--pause-mode keep cannot go with --sleep: sleeping "
+                                         "drops the KV cache the frozen requests hold"});
+  }
   SyncPlan plan{.pauses = !args.no_pause,
+                .pause_mode = args.pause_mode.value_or(args.sleep_level ? "abort" : "keep"),
                 .sleep_level = args.sleep_level,
                 .version = args.version,
                 .baseline = std::nullopt,

@@ -189,12 +189,15 @@ class CompletionTest(CtlTestCase):
                          ["set-version", "start", "sync"])
         self.assertEqual(self.bash_complete("vllmctl", "--server", "http://x", "weights", "sync",
                                             "--"),
-                         sorted(["--init", "--update", "--version", "--no-pause", "--sleep",
+                         sorted(["--init", "--update", "--version", "--no-pause", "--pause-mode",
+                                 "--sleep",
                                  "--verify", "--servers-file",
                                  "--server",
                                  "--token-file", "--cacert", "--session", "--timeout", "--output",
                                  "--quiet", "--verbose", "--help"]))
         self.assertEqual(self.bash_complete("vllmctl", "pause", "--mode", ""),
+                         ["abort", "keep", "wait"])
+        self.assertEqual(self.bash_complete("vllmctl", "weights", "sync", "--pause-mode", ""),
                          ["abort", "keep", "wait"])
         self.assertEqual(self.bash_complete("vllmctl", "-o", "j"), ["json"])
         self.assertEqual(self.bash_complete("vllmctl", "completion", ""), ["bash", "fish", "zsh"])

@@ -48,7 +48,7 @@ class ExampleTest(CtlTestCase):
         pauses = []
 
         def respond(method, path):
-            if path == "/pause":
+            if path.split("?")[0] == "/pause":
                 pauses.append(path)
                 if len(pauses) == 1:
                     return 503, error("engine rank 0 is dead")

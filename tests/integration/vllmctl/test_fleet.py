@@ -76,7 +76,8 @@ class FleetTest(CtlTestCase):
                          [daemon.url for daemon, _ in fleet])
         good, failed = document["servers"][0], document["servers"][2]
         self.assertEqual([step["step"] for step in good["steps"]], [
-            "init (init.json)", "pause", "start", "update (1/1: a.json)", "finish", "resume"])
+            "init (init.json)", "pause (mode keep)", "start", "update (1/1: a.json)", "finish",
+            "resume"])
         self.assertTrue(all(step["ok"] and step["seconds"] >= 0 for step in good["steps"]))
         self.assertEqual(good["steps"][4]["response"], {"message": "Weight update finished"})
         self.assertEqual((failed["ok"], failed["exit_code"], failed["committed"]),
@@ -95,7 +96,7 @@ class FleetTest(CtlTestCase):
                    "/update_weights": {"message": "Weights updated"},
                    "/finish_weight_update": {"message": "Weight update finished"},
                    "/update_weight_version": {"message": "Weight version updated"}}
-        vllm = FakeServer(lambda method, path: (200, json.dumps(replies[path])))
+        vllm = FakeServer(lambda method, path: (200, json.dumps(replies[path.split("?")[0]])))
         self.addCleanup(vllm.close)
         daemon, _ = self.start_external(name="vllmd0")
         result = self.assert_ok(self.ctl("--server", daemon.url, "--server", vllm.url,
@@ -105,7 +106,7 @@ class FleetTest(CtlTestCase):
         self.assertEqual(daemon.get("/weight_info").json(), {"weight_version": "mixed-1"})
         self.assertEqual([(request["path"], request["body"]) for request in vllm.requests], [
             ("/init_weight_transfer_engine", b'{"init_info":' + NCCL_INIT_BYTES + b"}"),
-            ("/pause", b""), ("/start_weight_update", b""),
+            ("/pause?mode=keep", b""), ("/start_weight_update", b""),
             ("/update_weights", b'{"update_info":' + self.update_bytes + b"}"),
             ("/finish_weight_update", b""),
             ("/update_weight_version", b'{"new_version":"mixed-1"}'), ("/resume", b"")])

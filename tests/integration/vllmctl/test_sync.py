@@ -6,6 +6,10 @@ import json
 import os
 import pty
 import subprocess
+import threading
+import time
+
+import requests
 
 from ctl_harness import CtlTestCase
 from harness import NCCL_INIT_INFO, binary, call_names, clean_env, update_info
@@ -34,7 +38,7 @@ class SyncTest(CtlTestCase):
                                          "a.json", "--update", "b.json", "--version", "step-7"))
         self.assertEqual(result.stdout.splitlines(), [
             "weight transfer initialized (init.json)",
-            "generation paused",
+            "generation paused (mode keep)",
             "weight update started",
             "weights updated (1/2: a.json)",
             "weights updated (2/2: b.json)",
@@ -60,7 +64,7 @@ class SyncTest(CtlTestCase):
                          (self.server, True, True))
         self.assertEqual([(step["step"], step["response"]) for step in server["steps"]], [
             ("init (init.json)", {"message": "Weight transfer initialized"}),
-            ("pause", {"status": "paused"}),
+            ("pause (mode keep)", {"status": "paused"}),
             ("start", {"message": "Weight update started"}),
             ("update (1/1: a.json)", {"message": "Weights updated"}),
             ("finish (version v1)", {"message": "Weight update finished"}),
@@ -72,6 +76,72 @@ class SyncTest(CtlTestCase):
         self.assert_ok(self.ctl("-q", "weights", "sync", "--init", "init.json", "--update",
                                 "b.json", "--version", "v2"))
         self.assertEqual(daemon.get("/weight_info").json(), {"weight_version": "v2"})
+
+    def generate_in_thread(self, daemon, max_tokens, engine):
+        """A rollout in flight: a plain generation of `max_tokens` at the engine's pace,
+        returned once the engine has it."""
+        answer = {}
+
+        def run():
+            answer["response"] = requests.post(
+                daemon.url + "/inference/v1/generate", timeout=60,
+                json={"token_ids": [4], "sampling_params": {"max_tokens": max_tokens, "seed": 7,
+                                                            "ignore_eos": True}})
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not any(call["method"] == "ADD" for call in engine.calls()):
+            self.assertLess(time.monotonic(), deadline, "the engine never got the request")
+            time.sleep(0.02)
+        return thread, answer
+
+    def pause_modes(self, engine):
+        return [call["args"][0] for call in engine.calls() if call["method"] == "pause_scheduler"]
+
+    def test_by_default_rollouts_in_flight_freeze_across_the_sync_and_finish(self):
+        # 200 tokens at 20 ms a step: the request outlives the sync by seconds.
+        daemon, engine = self.start_external("--step-ms", "20")
+        thread, answer = self.generate_in_thread(daemon, 200, engine)
+        result = self.assert_ok(self.ctl("weights", "sync", "--init", "init.json", "--update",
+                                         "a.json", "--version", "v2"))
+        self.assertIn("generation paused (mode keep)", result.stdout.splitlines())
+        self.assertTrue(thread.is_alive(), "the rollout ended during the sync")
+        thread.join(30)
+        choice = answer["response"].json()["choices"][0]
+        self.assertEqual((choice["finish_reason"], len(choice["token_ids"])), ("length", 200))
+        self.assertEqual(self.pause_modes(engine), ["keep"])
+        self.assert_resumed_and_unversioned(daemon, "v2")
+
+    def test_pause_mode_abort_ends_rollouts_in_flight_with_their_tokens(self):
+        daemon, engine = self.start_external("--step-ms", "20")
+        thread, answer = self.generate_in_thread(daemon, 200, engine)
+        time.sleep(0.2)  # some tokens
+        result = self.assert_ok(self.ctl("weights", "sync", "--pause-mode", "abort", "--init",
+                                         "init.json", "--update", "a.json"))
+        self.assertIn("generation paused (mode abort)", result.stdout.splitlines())
+        thread.join(30)
+        choice = answer["response"].json()["choices"][0]
+        self.assertEqual(choice["finish_reason"], "abort")
+        self.assertGreater(len(choice["token_ids"]), 0)
+        self.assertLess(len(choice["token_ids"]), 200)
+        self.assertEqual(self.pause_modes(engine), ["abort"])
+
+    def test_pause_mode_wait_and_refused_combinations(self):
+        daemon, engine = self.start_external()
+        self.assert_ok(self.ctl("weights", "sync", "--pause-mode", "wait", "--init", "init.json",
+                                "--update", "a.json"))
+        self.assertEqual(self.pause_modes(engine), ["wait"])
+        # Frozen requests cannot sleep through a sync that drops their KV cache; a mode that
+        # does not exist, or one with --no-pause, is a usage error. None reaches the server.
+        calls = len(engine.calls())
+        self.assert_exit(self.ctl("weights", "sync", "--pause-mode", "keep", "--sleep", "1",
+                                  "--update", "a.json"), 64, "cannot go with --sleep")
+        self.assert_exit(self.ctl("weights", "sync", "--pause-mode", "later", "--update",
+                                  "a.json"), 64, "--pause-mode")
+        self.assert_exit(self.ctl("weights", "sync", "--pause-mode", "keep", "--no-pause",
+                                  "--update", "a.json"), 64, "excludes")
+        self.assertEqual(len(engine.calls()), calls)
+        self.assert_resumed_and_unversioned(daemon)
 
     def test_sync_without_version_or_pause(self):
         daemon, engine = self.start_external()
@@ -88,7 +158,7 @@ class SyncTest(CtlTestCase):
         for step in ("step-1", "step-2"):
             result = self.assert_ok(self.ctl("weights", "sync", "--update", "a.json",
                                              "--version", step))
-            self.assertEqual(result.stdout.splitlines()[0], "generation paused")
+            self.assertEqual(result.stdout.splitlines()[0], "generation paused (mode keep)")
         self.assertEqual(self.engine_calls(engine).count("init_weight_transfer_engine"), 1)
         self.assert_resumed_and_unversioned(daemon, "step-2")
 
@@ -98,7 +168,7 @@ class SyncTest(CtlTestCase):
         result = self.assert_ok(self.ctl("weights", "sync", "--sleep", "1", "--update", "a.json",
                                          "--version", "colocated-1"))
         self.assertEqual(result.stdout.splitlines(), [
-            "generation paused",
+            "generation paused (mode abort)",
             "sleeping at level 1",
             "engines sleeping (weights)",
             "weight update started",
@@ -183,7 +253,7 @@ class SyncTest(CtlTestCase):
         daemon, engine = self.start_external("--inject-fail", "pause_scheduler")
         self.assert_exit(self.ctl("weights", "sync", "--init", "init.json", "--update", "a.json",
                                   "--version", "v"),
-                         70, ["weights sync: pause: ", "failed at pause"])
+                         70, ["weights sync: pause (mode keep): ", "failed at pause (mode keep)"])
         self.assertEqual(self.engine_calls(engine), [
             "init_weight_transfer_engine", "pause_scheduler", "resume_scheduler"])
         self.assert_resumed_and_unversioned(daemon)
