@@ -282,6 +282,13 @@ constexpr Setting kSettings[] = {
      .help = "seconds between liveness probes of an idle engine; 0: none",
      .member = &Config::probe_interval,
      .check = NonNegativeSeconds{}},
+    {.key = "engine.session_imbalance",
+     .env = "VLLMD_ENGINE_SESSION_IMBALANCE",
+     .help = "requests with the same X-Session-ID stay on one data-parallel engine until it "
+             "is not ready or loaded this much above the least loaded (in-flight requests, "
+             "waiting ones counted 4 times); then the session moves",
+     .member = &Config::session_imbalance,
+     .check = IntRange{0, 1 << 20}},
     {.key = "engine.world_size",
      .env = "VLLMD_WORLD_SIZE",
      .help = "world size per engine when its registration is empty",

@@ -48,6 +48,7 @@ struct Config {
   double query_timeout = 10;
   double startup_timeout = 0;                 // HELLO -> READY (model load); 0: none
   double probe_interval = 10;                 // liveness probe of an idle engine; 0: off
+  std::int64_t session_imbalance = 32;        // X-Session-ID: load above the least loaded to move
   std::int64_t world_size = 1;                // for engines that send an empty registration
   std::string served_model_name = "default";  // GET /v1/models
   std::string model;             // --model DIR: config.json and generation_config.json; empty: none

@@ -56,6 +56,7 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
                     " (ports ", master->port, "-", master->port + 4, ")");
   }
   options.probe_interval = util::milliseconds_of(config.probe_interval);
+  options.session_imbalance = config.session_imbalance;
   options.probe_timeout = util::milliseconds_of(config.query_timeout);
   auto client = engine::EngineClient::create(options);
   if (!client) return tl::unexpected(client.error());

@@ -100,6 +100,7 @@ struct RouteMatch {
   // Generation routes: X-Request-Id and X-data-parallel-rank, as sent.
   std::optional<std::string> request_id;
   std::optional<std::string> data_parallel_rank;
+  std::optional<std::string> affinity;  // X-Session-ID
 };
 
 namespace {
@@ -173,6 +174,7 @@ http::Decision Router::decide(const http::RequestHead& head,
     decision.cancel_on_hangup = true;
     match->request_id = field_if_present(head, "x-request-id");
     match->data_parallel_rank = field_if_present(head, "x-data-parallel-rank");
+    match->affinity = field_if_present(head, "x-session-id");
   }
   decision.on_request = [this, match](const http::ExchangePtr& exchange) {
     serve(match, exchange);
@@ -190,6 +192,7 @@ void Router::serve(const std::shared_ptr<RouteMatch>& match, const http::Exchang
   if (generation) {
     call->request_id_header = match->request_id;
     call->data_parallel_rank_header = match->data_parallel_rank;
+    call->session_header = match->affinity;
     call->stream = exchange;
   }
   const bool on_executor = match->large_body || call->route->blocking;

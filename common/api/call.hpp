@@ -74,6 +74,7 @@ struct Call {
   // way to stream the answer and hear of a client that left.
   std::optional<std::string> request_id_header;          // X-Request-Id
   std::optional<std::string> data_parallel_rank_header;  // X-data-parallel-rank
+  std::optional<std::string> session_header;             // X-Session-ID
   std::shared_ptr<ResponseStream> stream;
 };
 using CallPtr = std::shared_ptr<Call>;

@@ -134,6 +134,11 @@ void GenerationService::generate(const CallPtr& call, const Done& done) {
     return done(error_response(invalid_request(
         id_param + " must be 1 to " + std::to_string(kMaxRequestIdBytes) + " bytes", id_param)));
   }
+  if (call->session_header && call->session_header->size() > kMaxRequestIdBytes) {
+    return done(error_response(invalid_request(
+        "X-Session-ID must be at most " + std::to_string(kMaxRequestIdBytes) + " bytes",
+        "X-Session-ID")));
+  }
   RolloutSetup setup;
   setup.request_id = std::string(kIdPrefix) + base;
   setup.engine_id = setup.request_id + "-" + hex(mix(id_seed_ + id_counter_.fetch_add(1)), 8);
@@ -159,6 +164,7 @@ void GenerationService::generate(const CallPtr& call, const Done& done) {
   request.priority = parsed->priority;
   request.external_req_id = setup.request_id;
   generation.rank = *rank;
+  generation.session = call->session_header.value_or("");
 
   auto rollout = std::make_shared<Rollout>(*this, requests_, std::move(setup), call, done);
   {

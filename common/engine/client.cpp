@@ -105,6 +105,7 @@ tl::expected<std::unique_ptr<EngineClient>, std::string> EngineClient::create(
   try {
     Impl& io = *impl;
     io.options = std::move(options);
+    io.sessions = SessionAffinity(io.options.session_imbalance);
     const std::string tag = std::to_string(reinterpret_cast<std::uintptr_t>(&io));
     // Output and input first, then the handshake socket: an engine that says HELLO must find
     // the addresses of INIT already listening.

@@ -54,6 +54,9 @@ struct ClientOptions {
   std::chrono::milliseconds probe_interval = std::chrono::seconds(10);
   // A probe not answered in time marks the engine dead until it answers.
   std::chrono::milliseconds probe_timeout = std::chrono::seconds(10);
+  // A session's engine keeps its requests until loaded this much above the least loaded
+  // (load_score); then the session moves (session_affinity.hpp).
+  std::int64_t session_imbalance = 32;
   wire::DecodeLimits reply_limits;
   // Told on the IO thread whenever an engine changes state; keep it quick.
   std::function<void(const EngineStatus&)> on_state_change;

@@ -15,6 +15,7 @@
 
 #include "common/engine/client.hpp"
 #include "common/engine/engine_requests.hpp"
+#include "common/engine/session_affinity.hpp"
 #include "common/wire/generation_output.hpp"
 
 namespace vllmd::engine {
@@ -190,6 +191,8 @@ struct EngineClient::Impl {
   // on_outputs' second pass, reused message after message. Pointers, not iterators: ADDs
   // sent meanwhile may rehash the table, which moves no element.
   std::vector<std::pair<InFlight*, const wire::OutputView*>> later;
+  SessionAffinity sessions{ClientOptions{}.session_imbalance};
+  std::vector<SessionAffinity::Candidate> candidates;  // choose_engine's, reused
   // The message being handed on, decoded into the same vectors message after message.
   wire::DecodedOutputs received;
   bool loads_changed = false;
@@ -233,7 +236,7 @@ struct EngineClient::Impl {
   // Generations (client_requests.cpp).
   void send_generation(Generation& generation);
   InFlight take_request(RequestTable::iterator found);
-  EngineSlot* choose_engine(const std::optional<int>& rank, std::string& why);
+  EngineSlot* choose_engine(const Generation& generation, std::string& why);
   void send_aborts(const std::vector<std::string>& ids);
   void deliver(InFlight& request, const wire::OutputView& delta);
   void send_waiting_generations();

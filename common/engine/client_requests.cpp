@@ -35,8 +35,8 @@ std::int64_t load_score(const EngineLoad& load) {
   return std::max(in_flight, load.running + load.waiting) + 3 * load.waiting;
 }
 
-EngineSlot* EngineClient::Impl::choose_engine(const std::optional<int>& rank, std::string& why) {
-  if (rank) {
+EngineSlot* EngineClient::Impl::choose_engine(const Generation& generation, std::string& why) {
+  if (const std::optional<int>& rank = generation.rank) {
     if (*rank < 0 || *rank >= options.data_parallel_size) {
       why = "data-parallel rank " + std::to_string(*rank) + " is out of range (" +
             std::to_string(options.data_parallel_size) + " engines)";
@@ -52,11 +52,13 @@ EngineSlot* EngineClient::Impl::choose_engine(const std::optional<int>& rank, st
   // The first least loaded, in rank order (as vLLM's Rust client picks).
   EngineSlot* best = nullptr;
   std::int64_t best_score = 0;
+  candidates.clear();
   for (EngineSlot& engine : engines) {
-    if (engine.status.state != EngineState::kReady) continue;
+    const bool ready = engine.status.state == EngineState::kReady;
     const std::int64_t score = load_score({engine.status.rank, engine.requests_in_flight,
                                            engine.stats.running, engine.stats.waiting});
-    if (best == nullptr || score < best_score) {
+    candidates.push_back({ready, score});
+    if (ready && (best == nullptr || score < best_score)) {
       best = &engine;
       best_score = score;
     }
@@ -64,8 +66,15 @@ EngineSlot* EngineClient::Impl::choose_engine(const std::optional<int>& rank, st
   if (best == nullptr) {
     why = "no engine is ready";
     for (const EngineSlot& engine : engines) why += "; " + refusal(engine, {}).value_or("");
+    return nullptr;
   }
-  return best;
+  if (generation.session.empty()) return best;
+  std::string moved;
+  const int rank = sessions.choose(generation.session, candidates, best->status.rank, moved);
+  if (!moved.empty()) {
+    util::log::info("session ", generation.session, " moves to engine rank ", rank, ": ", moved);
+  }
+  return &engines[static_cast<std::size_t>(rank)];
 }
 
 void EngineClient::Impl::send_generation(Generation& generation) {
@@ -75,7 +84,7 @@ void EngineClient::Impl::send_generation(Generation& generation) {
                                       "request id " + id + " is already in flight");
   }
   std::string why;
-  EngineSlot* engine = choose_engine(generation.rank, why);
+  EngineSlot* engine = choose_engine(generation, why);
   if (engine == nullptr) return generation.sink->on_closed(Closed::kRefused, why);
   const wire::RequestLayout& layout =
       wire::request_layout_for(engine->status.registration.vllm_version);

@@ -50,6 +50,7 @@ struct Generation {
   wire::EngineCoreRequest request;  // request_id: the engine's id, unique among those in flight
   std::optional<int> rank;          // pinned (X-data-parallel-rank); else the least loaded
   std::shared_ptr<RequestSink> sink;
+  std::string session;  // X-Session-ID: its session's engine (session_affinity.hpp)
 };
 
 // Per engine, for balancing and /metrics.

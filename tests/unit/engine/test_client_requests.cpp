@@ -113,7 +113,7 @@ wire::EngineCoreRequest request(std::string id) {
 std::shared_ptr<RecordingSink> generate(EngineClient& client, std::string id,
                                         std::optional<int> rank = std::nullopt) {
   auto sink = std::make_shared<RecordingSink>();
-  client.generate(Generation{request(std::move(id)), rank, sink});
+  client.generate(Generation{request(std::move(id)), rank, sink, {}});
   return sink;
 }
 
@@ -304,7 +304,7 @@ TEST_CASE("the ADD follows the layout of the engine's registered vLLM version") 
   auto sink = std::make_shared<RecordingSink>();
   wire::EngineCoreRequest sent = request("old");
   sent.priority = 2;
-  client->generate(Generation{sent, std::nullopt, sink});
+  client->generate(Generation{sent, std::nullopt, sink, {}});
   const wire::RequestLayout& older = wire::request_layout_for(std::string("0.19.1"));
   CHECK(older.name == "2025");
   CHECK(next_add(engine, older) == sent);
@@ -357,12 +357,12 @@ TEST_CASE("a request's first output is handed on before the step's other deltas"
   Attached link;
   Heard heard;
   link.client->generate(
-      Generation{request("old"), std::nullopt, std::make_shared<OrderSink>("old", heard)});
+      Generation{request("old"), std::nullopt, std::make_shared<OrderSink>("old", heard), {}});
   (void)next_add(*link.fakes[0]);
   link.fakes[0]->send_frames(message({step("old", {1})}));
   REQUIRE(eventually([&] { return heard.now().size() == 1; }));
   link.client->generate(
-      Generation{request("new"), std::nullopt, std::make_shared<OrderSink>("new", heard)});
+      Generation{request("new"), std::nullopt, std::make_shared<OrderSink>("new", heard), {}});
   (void)next_add(*link.fakes[0]);
   // The engine lists the running request first, as its batch holds it; the new one's first
   // token still goes out ahead.
@@ -376,11 +376,13 @@ TEST_CASE("an ADD that comes while a step's outputs are handed on goes out befor
   Heard heard;
   // r0's first output stands for a request that another thread submits mid-step.
   const auto submit_late = [&] {
-    link.client->generate(Generation{request("late"), std::nullopt,
-                                     std::make_shared<OrderSink>("late", heard, true)});
+    link.client->generate(Generation{
+        request("late"), std::nullopt, std::make_shared<OrderSink>("late", heard, true), {}});
   };
-  link.client->generate(Generation{request("r0"), std::nullopt,
-                                   std::make_shared<OrderSink>("r0", heard, false, submit_late)});
+  link.client->generate(Generation{request("r0"),
+                                   std::nullopt,
+                                   std::make_shared<OrderSink>("r0", heard, false, submit_late),
+                                   {}});
   (void)next_add(*link.fakes[0]);
   constexpr std::size_t kRunning = 300;
   std::vector<wire::OutputToSend> firsts;
@@ -388,7 +390,7 @@ TEST_CASE("an ADD that comes while a step's outputs are handed on goes out befor
   for (std::size_t i = 1; i < kRunning; ++i) {
     const std::string id = "r" + std::to_string(i);
     link.client->generate(
-        Generation{request(id), std::nullopt, std::make_shared<OrderSink>(id, heard)});
+        Generation{request(id), std::nullopt, std::make_shared<OrderSink>(id, heard), {}});
     (void)next_add(*link.fakes[0]);
     firsts.push_back(step(id, {1}));
     seconds.push_back(step(id, {2}));
