@@ -244,7 +244,8 @@ void Router::answer(const RouteMatch& match, http::Exchange& exchange, api::Resp
 void Router::record(const std::optional<util::IpAddress>& peer, std::string_view method,
                     std::string_view path, const api::Route* route, int status, double total_ms,
                     double engine_ms, const Generated& generated) const {
-  const bool generation = route != nullptr && route->operation == api::Operation::kGenerate;
+  const bool generation = route != nullptr && (route->operation == api::Operation::kGenerate ||
+                                               route->operation == api::Operation::kCompletions);
   if (context_.metrics != nullptr) {
     context_.metrics->count_request(route, status);
     if (generation) {

@@ -24,10 +24,12 @@ std::string number_text(double value) {
   return text;
 }
 
-// The sampling fields, each read with its own param name ("sampling_params.temperature").
+// The sampling fields, each read with its own param name: "sampling_params.temperature" on
+// /inference/v1/generate, where they sit in sampling_params, "temperature" on /v1/completions,
+// where they sit at the top level.
 class Sampling {
  public:
-  explicit Sampling(const Object& object) : object_(object) {}
+  Sampling(const Object& object, std::string_view prefix) : object_(object), prefix_(prefix) {}
 
   tl::expected<std::optional<double>, ApiError> number(std::string_view key) const {
     const Object* value = wire::find_value(object_, key);
@@ -75,20 +77,21 @@ class Sampling {
   }
 
   const Object* raw(std::string_view key) const { return wire::find_value(object_, key); }
-  static std::string param(std::string_view key) { return "sampling_params." + std::string(key); }
+  std::string param(std::string_view key) const { return std::string(prefix_).append(key); }
 
  private:
   const Object& object_;
+  std::string_view prefix_;
 };
 
-tl::expected<void, ApiError> in_range(std::string_view key, const std::optional<double>& value,
-                                      double low, double high, bool low_open,
-                                      std::string_view range) {
+tl::expected<void, ApiError> in_range(const Sampling& in, std::string_view key,
+                                      const std::optional<double>& value, double low, double high,
+                                      bool low_open, std::string_view range) {
   if (!value) return {};
   const bool below = low_open ? *value <= low : *value < low;
   if (below || *value > high) {
-    return bad(Sampling::param(key), std::string(key) + " must be in " + std::string(range) +
-                                         ", got " + number_text(*value) + ".");
+    return bad(in.param(key), std::string(key) + " must be in " + std::string(range) + ", got " +
+                                  number_text(*value) + ".");
   }
   return {};
 }
@@ -110,36 +113,36 @@ tl::expected<void, ApiError> in_vocabulary(std::string_view param, std::string_v
 }
 
 // logprobs / prompt_logprobs: -1 (the whole vocabulary) or 0..max_logprobs.
-tl::expected<void, ApiError> logprob_count(std::string_view key,
+tl::expected<void, ApiError> logprob_count(const Sampling& in, std::string_view key,
                                            const std::optional<std::int64_t>& value,
                                            const ModelInfo& model) {
   if (!value) return {};
   if (*value < -1) {
-    return bad(Sampling::param(key), std::string(key) + " must be non-negative or -1, got " +
-                                         std::to_string(*value) + ".");
+    return bad(in.param(key), std::string(key) + " must be non-negative or -1, got " +
+                                  std::to_string(*value) + ".");
   }
   if (*value > model.max_logprobs) {
-    return bad(Sampling::param(key),
+    return bad(in.param(key),
                "Requested " + std::string(key) + " of " + std::to_string(*value) +
                    ", which is greater than max allowed: " + std::to_string(model.max_logprobs));
   }
   return {};
 }
 
-tl::expected<void, ApiError> refuse_text_input(const Object& root, const Object& sampling) {
+tl::expected<void, ApiError> refuse_text_input(const Object& root, const Sampling& sampling) {
   constexpr std::string_view kNoTokenizer =
       "vllmd has no tokenizer: it takes and returns token ids only";
-  if (const Object* stop = wire::find_value(sampling, "stop")) {
+  if (const Object* stop = sampling.raw("stop")) {
     const bool empty = (stop->type == msgpack::type::ARRAY && stop->via.array.size == 0) ||
                        (stop->type == msgpack::type::STR && stop->via.str.size == 0);
     if (!empty) {
-      return bad("sampling_params.stop",
+      return bad(sampling.param("stop"),
                  std::string(kNoTokenizer) + "; stop strings need one: use stop_token_ids");
     }
   }
-  if (const Object* words = wire::find_value(sampling, "bad_words")) {
+  if (const Object* words = sampling.raw("bad_words")) {
     if (words->type != msgpack::type::ARRAY || words->via.array.size != 0) {
-      return bad("sampling_params.bad_words", std::string(kNoTokenizer) + "; bad_words need one");
+      return bad(sampling.param("bad_words"), std::string(kNoTokenizer) + "; bad_words need one");
     }
   }
   for (std::string_view key : {"features", "content_parts", "multi_modal_data"}) {
@@ -194,14 +197,16 @@ tl::expected<void, ApiError> read_sampling(const Sampling& in, const ModelInfo& 
   for (auto* result : {&temperature, &top_p, &min_p, &frequency, &presence, &repetition}) {
     if (!result->has_value()) return tl::unexpected(result->error());
   }
-  if (auto ok = in_range("temperature", *temperature, 0, 2, false, "[0, 2]"); !ok) return ok;
-  if (auto ok = in_range("top_p", *top_p, 0, 1, true, "(0, 1]"); !ok) return ok;
-  if (auto ok = in_range("min_p", *min_p, 0, 1, false, "[0, 1]"); !ok) return ok;
-  if (auto ok = in_range("frequency_penalty", *frequency, -2, 2, false, "[-2, 2]"); !ok) return ok;
-  if (auto ok = in_range("presence_penalty", *presence, -2, 2, false, "[-2, 2]"); !ok) return ok;
+  if (auto ok = in_range(in, "temperature", *temperature, 0, 2, false, "[0, 2]"); !ok) return ok;
+  if (auto ok = in_range(in, "top_p", *top_p, 0, 1, true, "(0, 1]"); !ok) return ok;
+  if (auto ok = in_range(in, "min_p", *min_p, 0, 1, false, "[0, 1]"); !ok) return ok;
+  if (auto ok = in_range(in, "frequency_penalty", *frequency, -2, 2, false, "[-2, 2]"); !ok)
+    return ok;
+  if (auto ok = in_range(in, "presence_penalty", *presence, -2, 2, false, "[-2, 2]"); !ok)
+    return ok;
   if (*repetition && **repetition <= 0) {
     return bad(
-        Sampling::param("repetition_penalty"),
+        in.param("repetition_penalty"),
         "repetition_penalty must be greater than zero, got " + number_text(**repetition) + ".");
   }
   p.temperature = temperature->has_value() ? *temperature : model.temperature;
@@ -214,14 +219,14 @@ tl::expected<void, ApiError> read_sampling(const Sampling& in, const ModelInfo& 
   auto n = in.integer("n");
   if (!n) return tl::unexpected(n.error());
   if (*n && **n < 1)
-    return bad("sampling_params.n", "n must be at least 1, got " + std::to_string(**n) + ".");
+    return bad(in.param("n"), "n must be at least 1, got " + std::to_string(**n) + ".");
   if (*n && **n > 1) {
-    return bad("sampling_params.n", "Only n=1 is supported on this route; send n requests");
+    return bad(in.param("n"), "Only n=1 is supported: send n requests");
   }
   auto top_k = in.integer("top_k");
   if (!top_k) return tl::unexpected(top_k.error());
   if (*top_k && **top_k < -1) {
-    return bad(Sampling::param("top_k"),
+    return bad(in.param("top_k"),
                "top_k must be -1 (disable), or at least 1, got " + std::to_string(**top_k) + ".");
   }
   // -1, 0 and anything the vocabulary cannot reach all mean "every token": vLLM's 0.
@@ -246,15 +251,15 @@ tl::expected<void, ApiError> read_sampling(const Sampling& in, const ModelInfo& 
     if (!result->has_value()) return tl::unexpected(result->error());
   }
   if (*max_tokens && **max_tokens < 1) {
-    return bad(Sampling::param("max_tokens"),
+    return bad(in.param("max_tokens"),
                "max_tokens must be at least 1, got " + std::to_string(**max_tokens) + ".");
   }
   if (*min_tokens && **min_tokens < 0) {
-    return bad(Sampling::param("min_tokens"),
+    return bad(in.param("min_tokens"),
                "min_tokens must be at least 0, got " + std::to_string(**min_tokens) + ".");
   }
-  if (auto ok = logprob_count("logprobs", *logprobs, model); !ok) return ok;
-  if (auto ok = logprob_count("prompt_logprobs", *prompt_logprobs, model); !ok) return ok;
+  if (auto ok = logprob_count(in, "logprobs", *logprobs, model); !ok) return ok;
+  if (auto ok = logprob_count(in, "prompt_logprobs", *prompt_logprobs, model); !ok) return ok;
   p.max_tokens = *max_tokens;
   p.min_tokens = *min_tokens;
   out.logprobs = *logprobs;
@@ -265,8 +270,7 @@ tl::expected<void, ApiError> read_sampling(const Sampling& in, const ModelInfo& 
   auto stop_ids = in.ids("stop_token_ids");
   if (!stop_ids) return tl::unexpected(stop_ids.error());
   if (*stop_ids) {
-    if (auto ok =
-            in_vocabulary(Sampling::param("stop_token_ids"), "stop_token_ids", **stop_ids, model);
+    if (auto ok = in_vocabulary(in.param("stop_token_ids"), "stop_token_ids", **stop_ids, model);
         !ok) {
       return ok;
     }
@@ -275,8 +279,8 @@ tl::expected<void, ApiError> read_sampling(const Sampling& in, const ModelInfo& 
   auto allowed = in.ids("allowed_token_ids");
   if (!allowed) return tl::unexpected(allowed.error());
   if (*allowed) {
-    if (auto ok = in_vocabulary(Sampling::param("allowed_token_ids"), "allowed_token_ids",
-                                **allowed, model);
+    if (auto ok =
+            in_vocabulary(in.param("allowed_token_ids"), "allowed_token_ids", **allowed, model);
         !ok) {
       return ok;
     }
@@ -289,7 +293,8 @@ tl::expected<void, ApiError> read_sampling(const Sampling& in, const ModelInfo& 
 }
 
 // lower_sampling_params: max_tokens against the context, EOS and the stop sets.
-tl::expected<void, ApiError> lower(const ModelInfo& model, GenerateRequest& out) {
+tl::expected<void, ApiError> lower(const Sampling& in, const ModelInfo& model,
+                                   GenerateRequest& out) {
   wire::SamplingParams& p = out.sampling;
   const auto prompt = static_cast<std::int64_t>(out.token_ids.size());
   if (model.max_model_len) {
@@ -305,9 +310,9 @@ tl::expected<void, ApiError> lower(const ModelInfo& model, GenerateRequest& out)
     p.max_tokens = model.max_new_tokens;
   }
   if (p.min_tokens && p.max_tokens && *p.min_tokens > *p.max_tokens) {
-    return bad(Sampling::param("min_tokens"),
-               "min_tokens must be less than or equal to max_tokens=" +
-                   std::to_string(*p.max_tokens) + ", got " + std::to_string(*p.min_tokens) + ".");
+    return bad(in.param("min_tokens"), "min_tokens must be less than or equal to max_tokens=" +
+                                           std::to_string(*p.max_tokens) + ", got " +
+                                           std::to_string(*p.min_tokens) + ".");
   }
   std::set<std::int64_t> all_stops(p.stop_token_ids->begin(), p.stop_token_ids->end());
   if (!p.ignore_eos) {
@@ -328,8 +333,7 @@ tl::expected<void, ApiError> lower(const ModelInfo& model, GenerateRequest& out)
   return {};
 }
 
-tl::expected<void, ApiError> read_top_level(const Object& root, const ModelInfo& model,
-                                            GenerateRequest& out) {
+tl::expected<void, ApiError> read_model(const Object& root, const ModelInfo& model) {
   if (const Object* name = wire::find_value(root, "model")) {
     auto text = wire::as_str(*name);
     if (!text) return bad("model", "model must be a string");
@@ -342,22 +346,27 @@ tl::expected<void, ApiError> read_top_level(const Object& root, const ModelInfo&
       return tl::unexpected(error);
     }
   }
-  const Object* ids = wire::find_value(root, "token_ids");
-  if (ids == nullptr) return bad("token_ids", "token_ids is required");
-  if (ids->type != msgpack::type::ARRAY)
-    return bad("token_ids", "token_ids must be a list of token ids");
-  if (ids->via.array.size == 0) {
-    return bad("token_ids", "token_ids must contain at least one token ID.");
-  }
-  out.token_ids.reserve(ids->via.array.size);
-  for (std::uint32_t i = 0; i < ids->via.array.size; ++i) {
-    auto id = wire::as_int64(ids->via.array.ptr[i]);
-    if (!id) return bad("token_ids", "token_ids must be a list of integers");
-    if (*id < 0) return bad("token_ids", "token_ids must not contain negative values");
+  return {};
+}
+
+// The prompt's token ids, a non-empty list (`param` names it in errors).
+tl::expected<void, ApiError> read_prompt(const Object& ids, std::string_view param,
+                                         const ModelInfo& model, GenerateRequest& out) {
+  const std::string name(param);
+  if (ids.type != msgpack::type::ARRAY) return bad(param, name + " must be a list of token ids");
+  if (ids.via.array.size == 0) return bad(param, name + " must contain at least one token ID.");
+  out.token_ids.reserve(ids.via.array.size);
+  for (std::uint32_t i = 0; i < ids.via.array.size; ++i) {
+    auto id = wire::as_int64(ids.via.array.ptr[i]);
+    if (!id) return bad(param, name + " must be a list of integers");
+    if (*id < 0) return bad(param, name + " must not contain negative values");
     out.token_ids.push_back(*id);
   }
-  if (auto ok = in_vocabulary("token_ids", "prompt", out.token_ids, model); !ok) return ok;
+  return in_vocabulary(param, "prompt", out.token_ids, model);
+}
 
+// stream, stream_options, request_id, cache_salt, priority: the same on both routes.
+tl::expected<void, ApiError> read_options(const Object& root, GenerateRequest& out) {
   if (const Object* stream = wire::find_value(root, "stream")) {
     auto flag = wire::as_bool(*stream);
     if (!flag) return bad("stream", "stream must be a boolean");
@@ -404,33 +413,115 @@ tl::expected<void, ApiError> read_top_level(const Object& root, const ModelInfo&
   return {};
 }
 
-}  // namespace
-
-tl::expected<GenerateRequest, ApiError> parse_generate_request(std::string_view body,
-                                                               const ModelInfo& model) {
+// The body as one msgpack object, handed to `read` (a 400 when it is no JSON object).
+template <typename Read> auto read_body(std::string_view body, Read&& read)
+    -> decltype(read(std::declval<Object>())) {
   auto transcoded = parse_object_body(body);
   if (!transcoded) return tl::unexpected(transcoded.error());
   auto handle = wire::decode(transcoded->msgpack.view());
   if (!handle) return tl::unexpected(json_parse_error("Invalid JSON body: " + handle.error()));
-  const Object& root = handle->get();
+  return read(handle->get());
+}
+
+tl::expected<GenerateRequest, ApiError> read_generate(const Object& root, const ModelInfo& model) {
   GenerateRequest request;
-  if (auto ok = read_top_level(root, model, request); !ok) return tl::unexpected(ok.error());
+  if (auto ok = read_model(root, model); !ok) return tl::unexpected(ok.error());
+  const Object* ids = wire::find_value(root, "token_ids");
+  if (ids == nullptr) return bad("token_ids", "token_ids is required");
+  if (auto ok = read_prompt(*ids, "token_ids", model, request); !ok) {
+    return tl::unexpected(ok.error());
+  }
+  if (auto ok = read_options(root, request); !ok) return tl::unexpected(ok.error());
   const Object* sampling = wire::find_value(root, "sampling_params");
   if (sampling == nullptr) return bad("sampling_params", "sampling_params is required");
   if (sampling->type != msgpack::type::MAP) {
     return bad("sampling_params", "sampling_params must be a JSON object");
   }
-  if (auto ok = refuse_text_input(root, *sampling); !ok) return tl::unexpected(ok.error());
+  const Sampling in(*sampling, "sampling_params.");
+  if (auto ok = refuse_text_input(root, in); !ok) return tl::unexpected(ok.error());
   if (request.stream && wire::find_value(*sampling, "prompt_logprobs") != nullptr) {
     return bad("sampling_params.prompt_logprobs",
                "`prompt_logprobs` are not available when `stream=true`.");
   }
-  if (auto ok = read_sampling(Sampling(*sampling), model, request); !ok) {
-    return tl::unexpected(ok.error());
-  }
-  if (auto ok = lower(model, request); !ok) return tl::unexpected(ok.error());
+  if (auto ok = read_sampling(in, model, request); !ok) return tl::unexpected(ok.error());
+  if (auto ok = lower(in, model, request); !ok) return tl::unexpected(ok.error());
   request.sampling.extra_args_msgpack = extra_args(root, *sampling);
   return request;
+}
+
+tl::expected<CompletionRequest, ApiError> read_completion(const Object& root,
+                                                          const ModelInfo& model) {
+  CompletionRequest completion;
+  GenerateRequest& request = completion.request;
+  if (auto ok = read_model(root, model); !ok) return tl::unexpected(ok.error());
+  constexpr std::string_view kNoTokenizer =
+      "vllmd has no tokenizer: it takes and returns token ids only";
+  const Object* prompt = wire::find_value(root, "prompt");
+  if (prompt == nullptr || (prompt->type == msgpack::type::ARRAY && prompt->via.array.size == 0)) {
+    return bad("prompt", "Either prompt or prompt_embeds must be provided and non-empty.");
+  }
+  if (prompt->type == msgpack::type::STR || (prompt->type == msgpack::type::ARRAY &&
+                                             prompt->via.array.ptr[0].type == msgpack::type::STR)) {
+    return bad("prompt", std::string(kNoTokenizer) + ": the prompt must be a list of token ids");
+  }
+  // A list of lists is a batch; one prompt in it is that prompt.
+  if (prompt->type == msgpack::type::ARRAY &&
+      prompt->via.array.ptr[0].type == msgpack::type::ARRAY) {
+    if (prompt->via.array.size > 1) {
+      return bad("prompt", "a batch of prompts is not supported yet: send one request per prompt");
+    }
+    prompt = &prompt->via.array.ptr[0];
+  }
+  if (auto ok = read_prompt(*prompt, "prompt", model, request); !ok) {
+    return tl::unexpected(ok.error());
+  }
+  if (auto ok = read_options(root, request); !ok) return tl::unexpected(ok.error());
+  // What only a tokenizer, beam search or a grammar engine can do.
+  const std::pair<std::string_view, std::string_view> refused[] = {
+      {"echo", "echo needs the prompt as text"},
+      {"suffix", "suffix is text"},
+      {"use_beam_search", "beam search is not supported"},
+      {"response_format", "structured outputs are not supported"},
+      {"structured_outputs", "structured outputs are not supported"},
+  };
+  for (const auto& [key, why] : refused) {
+    const Object* value = wire::find_value(root, key);
+    const bool off =
+        value == nullptr || (value->type == msgpack::type::BOOLEAN && !value->via.boolean);
+    if (!off) return bad(key, std::string(kNoTokenizer) + "; " + std::string(why));
+  }
+  // Tokens are "token_id:N" placeholders whether or not return_tokens_as_token_ids asks:
+  // there is nothing else to print without a tokenizer.
+  bool as_token_ids = false;
+  for (auto [key, field] : {std::pair{"return_token_ids", &completion.return_token_ids},
+                            std::pair{"return_tokens_as_token_ids", &as_token_ids}}) {
+    if (const Object* value = wire::find_value(root, key)) {
+      auto flag = wire::as_bool(*value);
+      if (!flag) return bad(key, std::string(key) + " must be a boolean");
+      *field = *flag;
+    }
+  }
+  const Sampling in(root, "");
+  if (auto ok = refuse_text_input(root, in); !ok) return tl::unexpected(ok.error());
+  if (request.stream && wire::find_value(root, "prompt_logprobs") != nullptr) {
+    return bad("prompt_logprobs", "`prompt_logprobs` are not available when `stream=true`.");
+  }
+  if (auto ok = read_sampling(in, model, request); !ok) return tl::unexpected(ok.error());
+  if (auto ok = lower(in, model, request); !ok) return tl::unexpected(ok.error());
+  request.sampling.extra_args_msgpack = extra_args(root, root);
+  return completion;
+}
+
+}  // namespace
+
+tl::expected<GenerateRequest, ApiError> parse_generate_request(std::string_view body,
+                                                               const ModelInfo& model) {
+  return read_body(body, [&](const Object& root) { return read_generate(root, model); });
+}
+
+tl::expected<CompletionRequest, ApiError> parse_completion_request(std::string_view body,
+                                                                   const ModelInfo& model) {
+  return read_body(body, [&](const Object& root) { return read_completion(root, model); });
 }
 
 }  // namespace vllmd::api

@@ -54,4 +54,15 @@ struct GenerateRequest {
 tl::expected<GenerateRequest, ApiError> parse_generate_request(std::string_view body,
                                                                const ModelInfo& model);
 
+// POST /v1/completions with a token-id `prompt` (docs/http-api.md): the sampling keys at the
+// top level, validated and lowered as above. A text prompt, echo, suffix, beam search and
+// structured outputs are refused with a 400 that says why; so is, for now, a batch of more
+// than one prompt.
+struct CompletionRequest {
+  GenerateRequest request;
+  bool return_token_ids = false;  // token_ids and prompt_token_ids in each choice
+};
+tl::expected<CompletionRequest, ApiError> parse_completion_request(std::string_view body,
+                                                                   const ModelInfo& model);
+
 }  // namespace vllmd::api

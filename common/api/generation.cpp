@@ -15,6 +15,7 @@ namespace {
 
 // vLLM's Python frontend: the id the response carries (and /abort_requests takes).
 constexpr std::string_view kIdPrefix = "generate-tokens-";
+constexpr std::string_view kCompletionIdPrefix = "cmpl-";
 constexpr std::size_t kMaxRequestIdBytes = 256;
 
 std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer: distinct inputs, spread bits
@@ -90,7 +91,7 @@ GenerationService::~GenerationService() = default;
 
 void GenerationService::handle(const CallPtr& call, const Done& done) {
   const Route& route = *call->route;
-  if (route.operation != Operation::kGenerate) {
+  if (route.operation != Operation::kGenerate && route.operation != Operation::kCompletions) {
     if (auto valid = validate_body(*call); !valid) return done(error_response(valid.error()));
   }
   (this->*route.generation_handler)(call, done);
@@ -117,6 +118,25 @@ void GenerationService::generate(const CallPtr& call, const Done& done) {
   auto parsed = parse_generate_request(call->body, model);
   std::string().swap(call->body);
   if (!parsed) return done(error_response(parsed.error()));
+  start(call, done, std::move(*parsed), {.id_prefix = kIdPrefix}, model, started);
+}
+
+void GenerationService::complete(const CallPtr& call, const Done& done) {
+  const auto started = std::chrono::steady_clock::now();
+  const ModelInfo model = current_model();
+  auto parsed = parse_completion_request(call->body, model);
+  std::string().swap(call->body);
+  if (!parsed) return done(error_response(parsed.error()));
+  start(call, done, std::move(parsed->request),
+        {.id_prefix = kCompletionIdPrefix,
+         .completion = true,
+         .return_token_ids = parsed->return_token_ids},
+        model, started);
+}
+
+void GenerationService::start(const CallPtr& call, const Done& done, GenerateRequest parsed,
+                              const Shape& shape, const ModelInfo& model,
+                              std::chrono::steady_clock::time_point started) {
   auto rank = pinned_rank(*call, engines_.engines().size());
   if (!rank) return done(error_response(rank.error()));
 
@@ -125,8 +145,8 @@ void GenerationService::generate(const CallPtr& call, const Done& done) {
   if (call->request_id_header) {
     base = *call->request_id_header;
     id_param = "X-Request-Id";
-  } else if (parsed->request_id) {
-    base = *parsed->request_id;
+  } else if (parsed.request_id) {
+    base = *parsed.request_id;
   } else {
     base = fresh_id();
   }
@@ -140,29 +160,33 @@ void GenerationService::generate(const CallPtr& call, const Done& done) {
         "X-Session-ID")));
   }
   RolloutSetup setup;
-  setup.request_id = std::string(kIdPrefix) + base;
-  setup.engine_id = setup.request_id + "-" + hex(mix(id_seed_ + id_counter_.fetch_add(1)), 8);
+  setup.completion = shape.completion;
+  setup.return_token_ids = shape.return_token_ids;
+  setup.request_id = std::string(shape.id_prefix) + base;
+  // vLLM's completions name each prompt's request "<id>-<index>"; one prompt is index 0.
+  const std::string external_id = shape.completion ? setup.request_id + "-0" : setup.request_id;
+  setup.engine_id = external_id + "-" + hex(mix(id_seed_ + id_counter_.fetch_add(1)), 8);
   setup.model_name = model.name;
   setup.created = created_;
-  setup.prompt_tokens = static_cast<std::int64_t>(parsed->token_ids.size());
-  setup.prompt_token_ids = parsed->token_ids;
-  setup.stream = parsed->stream;
-  setup.include_usage = parsed->include_usage;
-  setup.continuous_usage = parsed->continuous_usage_stats;
-  setup.logprobs = parsed->logprobs;
-  setup.prompt_logprobs = parsed->prompt_logprobs.has_value();
+  setup.prompt_tokens = static_cast<std::int64_t>(parsed.token_ids.size());
+  setup.prompt_token_ids = parsed.token_ids;
+  setup.stream = parsed.stream;
+  setup.include_usage = parsed.include_usage;
+  setup.continuous_usage = parsed.continuous_usage_stats;
+  setup.logprobs = parsed.logprobs;
+  setup.prompt_logprobs = parsed.prompt_logprobs.has_value();
   setup.stream_buffer_limit = options_.stream_buffer_limit;
   setup.started = started;
 
   engine::Generation generation;
   wire::EngineCoreRequest& request = generation.request;
   request.request_id = setup.engine_id;
-  request.prompt_token_ids = std::move(parsed->token_ids);
-  request.sampling_params = std::move(parsed->sampling);
+  request.prompt_token_ids = std::move(parsed.token_ids);
+  request.sampling_params = std::move(parsed.sampling);
   request.arrival_time = unix_seconds();
-  request.cache_salt = std::move(parsed->cache_salt);
-  request.priority = parsed->priority;
-  request.external_req_id = setup.request_id;
+  request.cache_salt = std::move(parsed.cache_salt);
+  request.priority = parsed.priority;
+  request.external_req_id = external_id;
   generation.rank = *rank;
   generation.session = call->session_header.value_or("");
 
@@ -198,6 +222,7 @@ std::size_t GenerationService::abort_known(const std::vector<std::string>& ids) 
       // As the response carries it, or as the client sent it.
       auto entry = in_flight_.find(id);
       if (entry == in_flight_.end()) entry = in_flight_.find(std::string(kIdPrefix) + id);
+      if (entry == in_flight_.end()) entry = in_flight_.find(std::string(kCompletionIdPrefix) + id);
       if (entry != in_flight_.end()) found.push_back(entry->second);
     }
   }

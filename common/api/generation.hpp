@@ -7,6 +7,7 @@
 // token: the only lock guards the table of requests in flight, taken when one starts or ends.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,8 @@ class GenerationService {
   // A Handling::kGenerate route's call.
   void handle(const CallPtr& call, const Done& done);
   void generate(const CallPtr& call, const Done& done);
+  // POST /v1/completions with token ids: the same, answered in the completions shape.
+  void complete(const CallPtr& call, const Done& done);
   void abort_requests(const CallPtr& call, const Done& done);
 
   // Ends every generation in flight as a pause with mode=abort would: with the tokens so far
@@ -55,6 +58,15 @@ class GenerationService {
   // The model as requests see it now: --model's metadata and the engines' max_model_len.
   ModelInfo current_model() const;
   std::string fresh_id();
+  // How a route names its requests and shapes its answers.
+  struct Shape {
+    std::string_view id_prefix;  // "generate-tokens-", "cmpl-"
+    bool completion = false;
+    bool return_token_ids = false;
+  };
+  // A parsed request on its way: ids, engine choice, the Rollout, the ADD.
+  void start(const CallPtr& call, const Done& done, GenerateRequest parsed, const Shape& shape,
+             const ModelInfo& model, std::chrono::steady_clock::time_point started);
   // Aborts these requests (ids as clients know them); how many were in flight.
   std::size_t abort_known(const std::vector<std::string>& ids);
 

@@ -31,6 +31,19 @@ bool repeated(const wire::LogprobsView& view, std::size_t row, std::size_t colum
   return false;
 }
 
+// ,"finish_reason":...,"stop_reason":... of a choice.
+void append_ending(std::string& out, std::optional<std::string_view> finish_reason,
+                   std::optional<std::int64_t> stop_token) {
+  out += ",\"finish_reason\":";
+  if (finish_reason) {
+    wire::append_json_string(out, *finish_reason);
+  } else {
+    out += "null";
+  }
+  out += ",\"stop_reason\":";
+  out += stop_token ? std::to_string(*stop_token) : "null";
+}
+
 }  // namespace
 
 void append_token_ids(std::string& out, std::span<const std::int64_t> ids) {
@@ -114,16 +127,82 @@ void append_choice(std::string& out, const ChoiceText& choice) {
   } else {
     out += "null";
   }
-  out += ",\"finish_reason\":";
-  if (choice.finish_reason) {
-    wire::append_json_string(out, *choice.finish_reason);
+  append_ending(out, choice.finish_reason, choice.stop_token);
+  out += ",\"token_ids\":";
+  append_token_ids(out, choice.token_ids);
+  out += '}';
+}
+
+void append_completion_logprobs(CompletionLogprobs& out, const wire::LogprobsView& rows,
+                                std::int64_t k) {
+  const std::size_t columns = rows.columns();
+  const std::size_t keep = k < 0 ? columns : std::min(columns, static_cast<std::size_t>(k) + 1);
+  for (std::size_t row = 0; row < rows.rows(); ++row) {
+    const bool later = !out.tokens.empty();
+    if (later) {
+      out.text_offset += ',';
+      out.token_logprobs += ',';
+      out.tokens += ',';
+      out.top_logprobs += ',';
+    }
+    const std::size_t first = row * columns;
+    const std::int64_t id = rows.token_ids.integer(first);
+    out.text_offset += std::to_string(out.next_offset);
+    const std::size_t before = out.tokens.size();
+    append_placeholder(out.tokens, id);
+    out.next_offset += static_cast<std::int64_t>(out.tokens.size() - before - 2);  // no quotes
+    append_logprob(out.token_logprobs, rows.logprobs.real(first));
+    out.top_logprobs += '{';
+    std::size_t kept = 0;
+    for (std::size_t column = 0; column < columns && kept < keep; ++column) {
+      if (repeated(rows, row, column)) continue;
+      if (kept++ != 0) out.top_logprobs += ',';
+      append_placeholder(out.top_logprobs, rows.token_ids.integer(first + column));
+      out.top_logprobs += ':';
+      append_logprob(out.top_logprobs, rows.logprobs.real(first + column));
+    }
+    out.top_logprobs += '}';
+  }
+}
+
+void append_completion_choice(std::string& out, const CompletionChoiceText& choice) {
+  out += "{\"index\":0,\"text\":\"\",\"logprobs\":";
+  if (const CompletionLogprobs* logprobs = choice.logprobs) {
+    out += "{\"text_offset\":[";
+    out += logprobs->text_offset;
+    out += "],\"token_logprobs\":[";
+    out += logprobs->token_logprobs;
+    out += "],\"tokens\":[";
+    out += logprobs->tokens;
+    out += "],\"top_logprobs\":[";
+    out += logprobs->top_logprobs;
+    out += "]}";
   } else {
     out += "null";
   }
-  out += ",\"stop_reason\":";
-  out += choice.stop_token ? std::to_string(*choice.stop_token) : "null";
+  append_ending(out, choice.finish_reason, choice.stop_token);
   out += ",\"token_ids\":";
-  append_token_ids(out, choice.token_ids);
+  if (choice.with_token_ids) {
+    append_token_ids(out, choice.token_ids);
+  } else {
+    out += "null";
+  }
+  out += ",\"prompt_token_ids\":";
+  if (choice.prompt_token_ids) {
+    append_token_ids(out, *choice.prompt_token_ids);
+  } else {
+    out += "null";
+  }
+  if (choice.body) {
+    out += ",\"prompt_logprobs\":";
+    if (choice.prompt_logprob_rows != nullptr) {
+      out += "[null";
+      out += *choice.prompt_logprob_rows;
+      out += ']';
+    } else {
+      out += "null";
+    }
+  }
   out += '}';
 }
 

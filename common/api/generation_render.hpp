@@ -45,6 +45,41 @@ struct ChoiceText {
 };
 void append_choice(std::string& out, const ChoiceText& choice);
 
+// /v1/completions' logprobs: four parallel lists, grown row by row as outputs arrive (each
+// held without its brackets). Tokens are "token_id:N" placeholders, so text_offset counts
+// their characters; it runs on across a stream's events, as vLLM's does.
+struct CompletionLogprobs {
+  std::string text_offset;
+  std::string token_logprobs;
+  std::string tokens;
+  std::string top_logprobs;
+  std::int64_t next_offset = 0;
+  void clear_rows() {
+    text_offset.clear();
+    token_logprobs.clear();
+    tokens.clear();
+    top_logprobs.clear();
+  }
+};
+// Appends each row: the sampled token and its logprob, and in top_logprobs the first k + 1
+// distinct tokens of the row (the sampled one first; k < 0: all), as vLLM keeps them.
+void append_completion_logprobs(CompletionLogprobs& out, const wire::LogprobsView& rows,
+                                std::int64_t k);
+
+// One choice of /v1/completions: {"index":0,"text":"","logprobs":...,"finish_reason":...,
+// "stop_reason":...,"token_ids":...,"prompt_token_ids":...}, then "prompt_logprobs" in a body.
+struct CompletionChoiceText {
+  std::span<const std::int64_t> token_ids;
+  const CompletionLogprobs* logprobs = nullptr;  // null: "logprobs":null
+  std::optional<std::string_view> finish_reason;
+  std::optional<std::int64_t> stop_token;
+  bool with_token_ids = false;                                    // return_token_ids
+  std::optional<std::span<const std::int64_t>> prompt_token_ids;  // null when absent
+  bool body = false;  // a whole response's choice, not a stream chunk's
+  const std::string* prompt_logprob_rows = nullptr;  // body: what follows the leading null
+};
+void append_completion_choice(std::string& out, const CompletionChoiceText& choice);
+
 // One server-sent event: "data: <json>\n\n".
 std::string sse_event(std::string_view json);
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";

@@ -17,9 +17,25 @@ constexpr std::size_t kBytesPerToken = 8;
 // that it frames the event in place.
 constexpr std::size_t kFramingRoom = 24;
 
-std::string event_head(const std::string& request_id) {
-  std::string head = "data: {\"request_id\":";
-  wire::append_json_string(head, request_id);
+// An answer's object up to its choices: {"request_id":...}, or for a completion {"id":...,
+// "object":"text_completion","created":...,"model":...}; without the closing brace.
+void append_object_head(std::string& json, const RolloutSetup& setup) {
+  if (!setup.completion) {
+    json += "{\"request_id\":";
+    wire::append_json_string(json, setup.request_id);
+    return;
+  }
+  json += "{\"id\":";
+  wire::append_json_string(json, setup.request_id);
+  json += ",\"object\":\"text_completion\",\"created\":";
+  json += std::to_string(setup.created);
+  json += ",\"model\":";
+  wire::append_json_string(json, setup.model_name);
+}
+
+std::string event_head(const RolloutSetup& setup) {
+  std::string head = "data: ";
+  append_object_head(head, setup);
   head += ",\"choices\":[";
   return head;
 }
@@ -29,9 +45,9 @@ std::string event_head(const std::string& request_id) {
 Rollout::Rollout(GenerationService& service, engine::EngineRequests& requests, RolloutSetup setup,
                  CallPtr call, Done done)
     : continuous_usage_(setup.continuous_usage), with_logprobs_(setup.logprobs.has_value()),
-      stream_(call->stream.get()), event_head_(event_head(setup.request_id)), service_(service),
-      requests_(requests), setup_(std::move(setup)), call_(std::move(call)),
-      done_(std::move(done)) {}
+      stream_(call->stream.get()), event_head_(event_head(setup)), service_(service),
+      requests_(requests), setup_(std::move(setup)), call_(std::move(call)), done_(std::move(done)),
+      prompt_ids_pending_(setup_.completion && setup_.return_token_ids) {}
 
 void Rollout::cancel() {
   client_gone_ = true;
@@ -64,7 +80,11 @@ void Rollout::take(const wire::OutputView& output) {
   for (const std::int64_t token : output.new_token_ids) tokens_.push_back(token);
   completion_tokens_ += static_cast<std::int64_t>(count);
   if (output.logprobs && setup_.logprobs) {
-    append_logprob_items(logprob_items_, *output.logprobs, *setup_.logprobs);
+    if (setup_.completion) {
+      append_completion_logprobs(completion_logprobs_, *output.logprobs, *setup_.logprobs);
+    } else {
+      append_logprob_items(logprob_items_, *output.logprobs, *setup_.logprobs);
+    }
   }
 }
 
@@ -117,15 +137,37 @@ void Rollout::on_closed(engine::Closed why, std::string_view message) {
 
 Usage Rollout::usage() const { return {setup_.prompt_tokens, completion_tokens_, cached_tokens_}; }
 
+// The one choice, in the route's shape. A completion stream's first chunk carries the
+// prompt's ids (return_token_ids), a body all of them and the prompt logprobs.
+void Rollout::append_choice_to(std::string& out, std::optional<std::string_view> finish_reason,
+                               std::optional<std::int64_t> stop_token, bool body) const {
+  if (!setup_.completion) {
+    return append_choice(
+        out, {tokens_, with_logprobs_ ? &logprob_items_ : nullptr, finish_reason, stop_token});
+  }
+  CompletionChoiceText choice;
+  choice.token_ids = tokens_;
+  choice.logprobs = with_logprobs_ ? &completion_logprobs_ : nullptr;
+  choice.finish_reason = finish_reason;
+  choice.stop_token = stop_token;
+  choice.with_token_ids = setup_.return_token_ids;
+  if (setup_.return_token_ids && (body || prompt_ids_pending_)) {
+    choice.prompt_token_ids = setup_.prompt_token_ids;
+  }
+  choice.body = body;
+  choice.prompt_logprob_rows = setup_.prompt_logprobs ? &prompt_logprob_rows_ : nullptr;
+  append_completion_choice(out, choice);
+}
+
 std::string Rollout::chunk(std::optional<std::string_view> finish_reason,
-                           std::optional<std::int64_t> stop_token) const {
+                           std::optional<std::int64_t> stop_token) {
   // The event is rendered in place: one allocation per event, whatever its size.
   std::string event;
   event.reserve(kFramingRoom + event_head_.size() + 128 + tokens_.size() * 8 +
-                logprob_items_.size());
+                logprob_items_.size() + completion_logprobs_.top_logprobs.size() * 2);
   event += event_head_;
-  append_choice(event,
-                {tokens_, with_logprobs_ ? &logprob_items_ : nullptr, finish_reason, stop_token});
+  append_choice_to(event, finish_reason, stop_token, false);
+  prompt_ids_pending_ = false;
   event += "],\"usage\":";
   if (continuous_usage_) {
     append_usage(event, usage());
@@ -140,6 +182,7 @@ void Rollout::write_delta() {
   stream_->write(chunk(std::nullopt, std::nullopt));
   tokens_.clear();
   logprob_items_.clear();
+  completion_logprobs_.clear_rows();
 }
 
 std::string Rollout::body(std::string_view finish_reason,
@@ -147,6 +190,17 @@ std::string Rollout::body(std::string_view finish_reason,
   std::string json;
   json.reserve(256 + tokens_.size() * 7 + logprob_items_.size() + prompt_logprob_rows_.size() +
                setup_.prompt_token_ids.size() * 7);
+  if (setup_.completion) {
+    append_object_head(json, setup_);
+    json += ",\"choices\":[";
+    append_choice_to(json, finish_reason, stop_token, true);
+    json += "],\"usage\":";
+    append_usage(json, usage());
+    json += ",\"kv_transfer_params\":";
+    json += kv_transfer_params_;
+    json += '}';
+    return json;
+  }
   json += "{\"request_id\":";
   wire::append_json_string(json, setup_.request_id);
   json += ",\"model\":";
@@ -154,8 +208,7 @@ std::string Rollout::body(std::string_view finish_reason,
   json += ",\"created\":";
   json += std::to_string(setup_.created);
   json += ",\"choices\":[";
-  append_choice(json,
-                {tokens_, setup_.logprobs ? &logprob_items_ : nullptr, finish_reason, stop_token});
+  append_choice_to(json, finish_reason, stop_token, true);
   json += "],\"usage\":";
   append_usage(json, usage());
   json += ",\"prompt_logprobs\":";
@@ -187,8 +240,8 @@ void Rollout::finish(std::string_view reason, std::optional<std::int64_t> stop_t
   // The terminal chunk always goes out, with whatever delta is still merged.
   std::string events = chunk(reason, stop_token);
   if (setup_.include_usage) {
-    std::string json = "{\"request_id\":";
-    wire::append_json_string(json, setup_.request_id);
+    std::string json;
+    append_object_head(json, setup_);
     json += ",\"choices\":[],\"usage\":";
     append_usage(json, usage());
     json += '}';

@@ -22,8 +22,12 @@ namespace vllmd::api {
 class GenerationService;
 
 struct RolloutSetup {
-  std::string request_id;  // as the client knows it: "generate-tokens-<base>"
-  std::string engine_id;   // unique among the requests in flight
+  // /v1/completions' shape ("id", "object": "text_completion", logprobs as four lists)
+  // rather than /inference/v1/generate's.
+  bool completion = false;
+  bool return_token_ids = false;  // completions: token_ids and prompt_token_ids per choice
+  std::string request_id;         // as the client knows it: "generate-tokens-<base>", "cmpl-<base>"
+  std::string engine_id;          // unique among the requests in flight
   std::string model_name;
   std::int64_t created = 0;
   std::int64_t prompt_tokens = 0;
@@ -60,7 +64,9 @@ class Rollout final : public engine::RequestSink {
   void fail(const ApiError& error);
   // Streams: the merged delta as one event (with the finish reason at the end).
   std::string chunk(std::optional<std::string_view> finish_reason,
-                    std::optional<std::int64_t> stop_token) const;
+                    std::optional<std::int64_t> stop_token);
+  void append_choice_to(std::string& out, std::optional<std::string_view> finish_reason,
+                        std::optional<std::int64_t> stop_token, bool body) const;
   void write_delta();
   std::string body(std::string_view finish_reason, std::optional<std::int64_t> stop_token) const;
   Usage usage() const;
@@ -88,6 +94,8 @@ class Rollout final : public engine::RequestSink {
   Done done_;
 
   // IO thread only, now and then.
+  CompletionLogprobs completion_logprobs_;  // /v1/completions: instead of logprob_items_
+  bool prompt_ids_pending_ = false;         // a completion stream's first chunk carries them
   std::string prompt_logprob_rows_;
   std::string kv_transfer_params_ = "null";
   std::int64_t cached_tokens_ = 0;

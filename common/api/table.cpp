@@ -411,6 +411,16 @@ constexpr std::array kRoutes{
           .body = Body::kRequired,
           .summary = "token ids in, token ids out (body: {\"token_ids\": [...], "
                      "\"sampling_params\": {...}, \"stream\": false}); SSE with \"stream\": true"},
+    Route{.operation = Operation::kCompletions,
+          .method = "POST",
+          .path = "/v1/completions",
+          .handling = Handling::kGenerate,
+          .generation_handler = &G::complete,
+          .dev_only = false,
+          .body = Body::kRequired,
+          .summary = "OpenAI completions with a token-id prompt (body: {\"prompt\": [...], "
+                     "\"max_tokens\": 16, ...}): token ids and logprobs as \"token_id:N\"; "
+                     "SSE with \"stream\": true"},
     Route{.operation = Operation::kAbortRequests,
           .method = "POST",
           .path = "/abort_requests",

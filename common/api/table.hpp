@@ -41,6 +41,7 @@ enum class Operation {
   kCollectiveRpc,
   kWeightChecker,
   kGenerate,
+  kCompletions,
   kAbortRequests,
 };
 

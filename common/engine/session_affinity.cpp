@@ -42,7 +42,8 @@ void SessionAffinity::forget_least_recent() {
   const auto middle = uses.begin() + static_cast<std::ptrdiff_t>(uses.size() / 2);
   std::nth_element(uses.begin(), middle, uses.end());
   const std::uint64_t keep_from = *middle;
-  std::erase_if(sessions_, [keep_from](const auto& entry) { return entry.second.used < keep_from; });
+  std::erase_if(sessions_,
+                [keep_from](const auto& entry) { return entry.second.used < keep_from; });
 }
 
 }  // namespace vllmd::engine

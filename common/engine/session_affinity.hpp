@@ -8,8 +8,8 @@
 // engine client's state.
 
 #include <cstddef>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>

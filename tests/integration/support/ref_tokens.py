@@ -35,12 +35,13 @@ def key_of(seed=None, request_id=""):
     return h
 
 
-def tokens(prompt, count, seed, vocab_size=32000, weights=None):
-    """The first `count` tokens for `prompt` with `seed`, under `weights` (a fingerprint;
-    default: a fresh engine's), before any stop rule."""
+def tokens(prompt, count, seed, vocab_size=32000, weights=None, request_id=""):
+    """The first `count` tokens for `prompt` with `seed` (or, without one, for the engine's
+    `request_id`), under `weights` (a fingerprint; default: a fresh engine's), before any stop
+    rule."""
     weights = fingerprint() if weights is None else weights
     digest = 0
     for token in prompt:
         digest = mix(digest ^ (token & MASK))
-    base = mix(mix(mix(weights) ^ key_of(seed)) ^ digest)
+    base = mix(mix(mix(weights) ^ key_of(seed, request_id)) ^ digest)
     return [mix(base ^ t) % vocab_size for t in range(count)]

@@ -193,3 +193,38 @@ TEST_CASE("stream options, ids, salt, priority and kv_transfer_params are read")
                     "do_remote_decode\xc3",
                     42));
 }
+
+TEST_CASE("/v1/completions: the sampling keys at the top level, lowered the same way") {
+  auto parsed = vllmd::api::parse_completion_request(
+      R"({"prompt":[[5,6,7]],"max_tokens":9,"temperature":0.5,"top_k":-1,"logprobs":0,)"
+      R"("return_token_ids":true,"return_tokens_as_token_ids":true,"stop_token_ids":[3],)"
+      R"("vllm_xargs":{"x":1},"stream":true,"stream_options":{"include_usage":true}})",
+      qwen());
+  if (!parsed) FAIL(parsed.error().body());
+  const GenerateRequest& request = parsed->request;
+  CHECK(request.token_ids == std::vector<std::int64_t>{5, 6, 7});  // [[...]]: one prompt
+  CHECK(parsed->return_token_ids);
+  CHECK(request.stream);
+  CHECK(request.include_usage);
+  CHECK(request.logprobs == 0);
+  const auto& p = request.sampling;
+  CHECK(p.max_tokens == 9);
+  CHECK(p.temperature == 0.5);
+  CHECK_FALSE(p.top_k.has_value());  // -1: no limit, not the model's 20
+  CHECK(p.top_p == 0.8);             // generation_config.json's, as on the other route
+  CHECK(p.stop_token_ids == std::vector<std::int64_t>{3, 151643});
+  CHECK(p.extra_args_msgpack == std::string("\x81\xa1x\x01"));
+  // Params are named as the client sent them: at the top level.
+  auto error = [](const std::string& body) {
+    auto refused_here = vllmd::api::parse_completion_request(body, qwen());
+    REQUIRE_FALSE(refused_here.has_value());
+    return refused_here.error();
+  };
+  CHECK(error(R"({"prompt":[1],"top_p":0})").param == "top_p");
+  CHECK(error(R"({"prompt":[1],"min_tokens":-1})").param == "min_tokens");
+  CHECK(error(R"({"prompt":[1],"return_token_ids":"yes"})").param == "return_token_ids");
+  CHECK(error(R"({"prompt":[1],"bad_words":["x"]})").param == "bad_words");
+  CHECK(error(R"({"prompt":[200000]})").param == "prompt");  // past the vocabulary
+  CHECK(error(R"({"prompt":[1],"echo":false,"suffix":null,"logprobs":21})").param ==
+        "logprobs");  // echo false and a null suffix are no refusal; 21 > max_logprobs
+}

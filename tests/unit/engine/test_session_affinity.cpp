@@ -47,8 +47,7 @@ TEST_CASE("past its capacity the table forgets the least recently used half") {
   const std::vector<Candidate> even{{true, 0}, {true, 1}};
   const std::vector<Candidate> odd{{true, 1}, {true, 0}};
   for (int i = 0; i < 8; ++i) {
-    CHECK(sessions.choose("s" + std::to_string(i), i % 2 == 0 ? even : odd, i % 2, moved) ==
-          i % 2);
+    CHECK(sessions.choose("s" + std::to_string(i), i % 2 == 0 ? even : odd, i % 2, moved) == i % 2);
   }
   CHECK(sessions.choose("s0", even, 0, moved) == 0);  // s0 is now the most recently used
   CHECK(sessions.choose("s8", even, 0, moved) == 0);  // the 9th: half are forgotten
