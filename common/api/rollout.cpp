@@ -45,9 +45,10 @@ std::string event_head(const RolloutSetup& setup) {
 Rollout::Rollout(GenerationService& service, engine::EngineRequests& requests, RolloutSetup setup,
                  CallPtr call, Done done)
     : continuous_usage_(setup.continuous_usage), with_logprobs_(setup.logprobs.has_value()),
-      stream_(call->stream.get()), event_head_(event_head(setup)), service_(service),
-      requests_(requests), setup_(std::move(setup)), call_(std::move(call)), done_(std::move(done)),
-      prompt_ids_pending_(setup_.completion && setup_.return_token_ids) {}
+      completion_(setup.completion),
+      prompt_ids_pending_(setup.completion && setup.return_token_ids), stream_(call->stream.get()),
+      event_head_(event_head(setup)), service_(service), requests_(requests),
+      setup_(std::move(setup)), call_(std::move(call)), done_(std::move(done)) {}
 
 void Rollout::cancel() {
   client_gone_ = true;
@@ -80,7 +81,7 @@ void Rollout::take(const wire::OutputView& output) {
   for (const std::int64_t token : output.new_token_ids) tokens_.push_back(token);
   completion_tokens_ += static_cast<std::int64_t>(count);
   if (output.logprobs && setup_.logprobs) {
-    if (setup_.completion) {
+    if (completion_) {
       append_completion_logprobs(completion_logprobs_, *output.logprobs, *setup_.logprobs);
     } else {
       append_logprob_items(logprob_items_, *output.logprobs, *setup_.logprobs);
@@ -141,7 +142,7 @@ Usage Rollout::usage() const { return {setup_.prompt_tokens, completion_tokens_,
 // prompt's ids (return_token_ids), a body all of them and the prompt logprobs.
 void Rollout::append_choice_to(std::string& out, std::optional<std::string_view> finish_reason,
                                std::optional<std::int64_t> stop_token, bool body) const {
-  if (!setup_.completion) {
+  if (!completion_) {
     return append_choice(
         out, {tokens_, with_logprobs_ ? &logprob_items_ : nullptr, finish_reason, stop_token});
   }
@@ -163,11 +164,12 @@ std::string Rollout::chunk(std::optional<std::string_view> finish_reason,
                            std::optional<std::int64_t> stop_token) {
   // The event is rendered in place: one allocation per event, whatever its size.
   std::string event;
-  event.reserve(kFramingRoom + event_head_.size() + 128 + tokens_.size() * 8 +
-                logprob_items_.size() + completion_logprobs_.top_logprobs.size() * 2);
+  const std::size_t logprob_bytes =
+      with_logprobs_ ? logprob_items_.size() + completion_logprobs_.top_logprobs.size() * 2 : 0;
+  event.reserve(kFramingRoom + event_head_.size() + 128 + tokens_.size() * 8 + logprob_bytes);
   event += event_head_;
   append_choice_to(event, finish_reason, stop_token, false);
-  prompt_ids_pending_ = false;
+  if (prompt_ids_pending_) prompt_ids_pending_ = false;
   event += "],\"usage\":";
   if (continuous_usage_) {
     append_usage(event, usage());
@@ -181,8 +183,10 @@ std::string Rollout::chunk(std::optional<std::string_view> finish_reason,
 void Rollout::write_delta() {
   stream_->write(chunk(std::nullopt, std::nullopt));
   tokens_.clear();
-  logprob_items_.clear();
-  completion_logprobs_.clear_rows();
+  if (with_logprobs_) {
+    logprob_items_.clear();
+    completion_logprobs_.clear_rows();
+  }
 }
 
 std::string Rollout::body(std::string_view finish_reason,

@@ -79,6 +79,8 @@ class Rollout final : public engine::RequestSink {
   bool ended_ = false;
   const bool continuous_usage_;  // setup_'s flags that every event reads, kept here
   const bool with_logprobs_;
+  const bool completion_;
+  bool prompt_ids_pending_;           // a completion stream's first chunk carries them
   ResponseStream* stream_;            // call_->stream, one hop less per event
   std::vector<std::int64_t> tokens_;  // all of them, or a stream's unsent delta
   std::string logprob_items_;         // like tokens_, rendered
@@ -95,7 +97,6 @@ class Rollout final : public engine::RequestSink {
 
   // IO thread only, now and then.
   CompletionLogprobs completion_logprobs_;  // /v1/completions: instead of logprob_items_
-  bool prompt_ids_pending_ = false;         // a completion stream's first chunk carries them
   std::string prompt_logprob_rows_;
   std::string kv_transfer_params_ = "null";
   std::int64_t cached_tokens_ = 0;
