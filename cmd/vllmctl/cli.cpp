@@ -75,6 +75,11 @@ struct Args {
   std::string check_baseline;
   CLI::Option* check_baseline_option = nullptr;
   CheckArgs check;
+  GenerateArgs generate;
+  std::string generate_input;
+  std::int64_t generate_max_tokens = 0, generate_top_k = 0, generate_seed = 0;
+  std::int64_t generate_logprobs = 0, generate_n = 1;
+  double generate_temperature = 0, generate_top_p = 0;
   std::string shell;
 };
 
@@ -201,10 +206,64 @@ void define_check(CLI::App& weights, Args& args, Commands& commands) {
   });
 }
 
+void define_generate(CLI::App& app, Args& args, Commands& commands) {
+  CLI::App* command = app.add_subcommand(
+      "generate",
+      "token ids in, token ids out: prints the generated ids (with --logprobs one "
+      "\"id logprob\" line per token; with --stream one line per event) [" +
+          route_text(api::route_for(Operation::kGenerate)) + "]");
+  CLI::Option* tokens =
+      command->add_option("--tokens", args.generate.tokens, "the prompt's token ids, e.g. 1,2,3")
+          ->type_name("IDS");
+  CLI::Option* input =
+      command
+          ->add_option("--input", args.generate_input,
+                       "file of the prompt's token ids (comma- or space-separated, or a JSON "
+                       "list); '-' reads stdin")
+          ->type_name("FILE")
+          ->excludes(tokens);
+  tokens->excludes(input);
+  // Each only when given: the server applies its defaults (and generation_config.json's).
+  std::vector<std::pair<CLI::Option*, std::function<void()>>> given;
+  const auto integer = [&](const char* flag, std::int64_t& value, std::optional<std::int64_t>& into,
+                           const char* help) {
+    given.emplace_back(command->add_option(flag, value, help)->type_name("N"),
+                       [&value, &into] { into = value; });
+  };
+  const auto real = [&](const char* flag, double& value, std::optional<double>& into,
+                        const char* help) {
+    given.emplace_back(command->add_option(flag, value, help)->type_name("X"),
+                       [&value, &into] { into = value; });
+  };
+  integer("--max-tokens", args.generate_max_tokens, args.generate.max_tokens,
+          "tokens to generate at most");
+  real("--temperature", args.generate_temperature, args.generate.temperature,
+       "sampling temperature (0: greedy)");
+  real("--top-p", args.generate_top_p, args.generate.top_p, "nucleus sampling mass");
+  integer("--top-k", args.generate_top_k, args.generate.top_k, "top-k sampling (-1: none)");
+  integer("--seed", args.generate_seed, args.generate.seed, "sampling seed");
+  integer("--logprobs", args.generate_logprobs, args.generate.logprobs,
+          "logprobs of the sampled token and the N most likely");
+  integer("--n", args.generate_n, args.generate.n, "completions per prompt");
+  command->add_flag("--stream", args.generate.stream, "print the ids as the engine sends them");
+  commands.server.emplace_back(command, [&args, tokens, input, given](const Context& c) {
+    if (tokens->count() == 0 && input->count() == 0) {
+      c.out().error("generate", "give the prompt: --tokens IDS or --input FILE");
+      return exit_code::kUsage;
+    }
+    if (input->count() > 0) args.generate.input = args.generate_input;
+    for (const auto& [option, take] : given) {
+      if (option->count() > 0) take();
+    }
+    return vllmctl::generate(c, args.generate);
+  });
+}
+
 void define_commands(CLI::App& app, Args& args, Commands& commands) {
   commands.server = add_route_commands(app);
   define_sync(*app.get_subcommand("weights"), args, commands);
   define_check(*app.get_subcommand("weights"), args, commands);
+  define_generate(app, args, commands);
   std::string status_routes;
   for (const Operation operation : {Operation::kHealth, Operation::kWorldSize, Operation::kIsPaused,
                                     Operation::kWeightInfo, Operation::kSessionStatus}) {

@@ -30,6 +30,21 @@ struct SyncArgs {
 int weights_sync(const std::vector<Context>& servers, const SyncArgs& args);
 
 // weights check: checksums, compare with --baseline FILE, or --reset (check.cpp).
+// generate: token ids in, token ids out (generate.cpp). Unset values are left to the server.
+struct GenerateArgs {
+  std::string tokens;                // --tokens 1,2,3
+  std::optional<std::string> input;  // --input FILE, or '-' for stdin
+  std::optional<std::int64_t> max_tokens;
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<std::int64_t> top_k;
+  std::optional<std::int64_t> seed;
+  std::optional<std::int64_t> logprobs;
+  std::optional<std::int64_t> n;
+  bool stream = false;
+};
+int generate(const Context& context, const GenerateArgs& args);
+
 struct CheckArgs {
   std::optional<std::string> baseline;
   bool reset = false;

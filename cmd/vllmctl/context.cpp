@@ -25,6 +25,7 @@ tl::expected<http::Reply, Failure> Context::call(const Call& call) const {
   request.body = call.body;
   request.retry = call.retry;
   request.session = session_;
+  request.on_line = call.on_line;
   // Input files get a progress line: percent sent, then "waiting" while the engine works
   // (an NCCL update blocks until the broadcast is done).
   const bool progress = output_.shows_progress() && call.body && !call.progress_label.empty();

@@ -2,6 +2,7 @@
 // What every server command works with: the HTTP client, the output, and `call`, which runs
 // one route from the API table and turns any failure into an exit code and a message.
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,9 +24,10 @@ struct Failure {
 struct Call {
   api::Operation operation;
   api::Query query = {};
-  std::optional<std::string_view> body = std::nullopt;  // nullopt: no body, no Content-Type
-  std::string progress_label = {};                      // shown while a large body is sent
-  bool retry = true;                                    // GETs only; see http::Client::request
+  std::optional<std::string_view> body = std::nullopt;      // nullopt: no body, no Content-Type
+  std::string progress_label = {};                          // shown while a large body is sent
+  bool retry = true;                                        // GETs only; see http::Client::request
+  std::function<void(std::string_view line)> on_line = {};  // a stream's lines, as they come
 };
 
 class Context {

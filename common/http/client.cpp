@@ -109,7 +109,12 @@ std::optional<TransportError> exchange(Poco::Net::HTTPClientSession& session,
     send_body(out, request);
     sent = true;
     std::istream& in = session.receiveResponse(response);
-    Poco::StreamCopier::copyToString(in, body);
+    const int status = static_cast<int>(response.getStatus());
+    if (request.on_line && status >= 200 && status < 300) {
+      for (std::string line; std::getline(in, line);) request.on_line(line);
+    } else {
+      Poco::StreamCopier::copyToString(in, body);
+    }
   } catch (const Poco::TimeoutException&) {
     return failure(TransportErrorKind::kTimeout,
                    std::string(sent ? "no reply" : "could not send the request") + " within " +

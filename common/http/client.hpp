@@ -68,6 +68,9 @@ struct Request {
   bool retry = true;  // false: one attempt even for a GET (a snapshot that must be quick)
   // Sent as `Vllmd-Session`: the weight-update session this request belongs to (empty: none).
   std::string_view session = {};
+  // Set: a 2xx body is handed over line by line as it arrives (a server-sent event stream),
+  // and Reply::body stays empty. Other statuses are read whole, as usual.
+  std::function<void(std::string_view line)> on_line = {};
 };
 
 struct RetryPolicy {
