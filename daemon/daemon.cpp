@@ -329,6 +329,8 @@ class Daemon {
     }
     log_model(config_, *model);
     generation_.emplace(engines_->client(), engines_->client(), std::move(*model));
+    service_->label_commits(&committed_version_);
+    generation_->label_tokens(&committed_version_);
     // The engines go before the service (drain()): they never call it after it is gone.
     engines_->client().set_state_listener(
         [this](const engine::EngineStatus& engine) { service_->on_engine_state(engine); });
@@ -392,6 +394,7 @@ class Daemon {
   std::unique_ptr<HttpServer> server_;
   std::unique_ptr<Engines> engines_;
   std::optional<util::Executor> executor_;
+  api::CommittedVersion committed_version_;  // before both services, which hold it
   std::optional<api::WeightSyncService> service_;
   std::optional<api::GenerationService> generation_;
   Metrics metrics_;

@@ -176,6 +176,7 @@ void GenerationService::start(const CallPtr& call, const Done& done, GenerateReq
   setup.logprobs = parsed.logprobs;
   setup.prompt_logprobs = parsed.prompt_logprobs.has_value();
   setup.stream_buffer_limit = options_.stream_buffer_limit;
+  setup.versions = committed_;
   setup.started = started;
 
   engine::Generation generation;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/api/call.hpp"
+#include "common/api/committed_version.hpp"
 #include "common/api/generate_request.hpp"
 #include "common/engine/engine_calls.hpp"
 #include "common/engine/engine_requests.hpp"
@@ -38,6 +39,9 @@ class GenerationService {
   ~GenerationService();
   GenerationService(const GenerationService&) = delete;
   GenerationService& operator=(const GenerationService&) = delete;
+
+  // Where each generated token's weight version is read (it outlives the service).
+  void label_tokens(const CommittedVersion* committed) { committed_ = committed; }
 
   // A Handling::kGenerate route's call.
   void handle(const CallPtr& call, const Done& done);
@@ -76,6 +80,7 @@ class GenerationService {
   const GenerationOptions options_;
   const std::int64_t created_;  // Unix seconds, for the responses' "created"
   const std::uint64_t id_seed_;
+  const CommittedVersion* committed_ = nullptr;
   std::atomic<std::uint64_t> id_counter_{0};
 
   mutable std::mutex mutex_;

@@ -44,6 +44,13 @@ void append_ending(std::string& out, std::optional<std::string_view> finish_reas
   out += stop_token ? std::to_string(*stop_token) : "null";
 }
 
+void append_weight_versions(std::string& out, const std::string* items) {
+  if (items == nullptr) return;
+  out += ",\"weight_versions\":[";
+  out += *items;
+  out += ']';
+}
+
 }  // namespace
 
 void append_token_ids(std::string& out, std::span<const std::int64_t> ids) {
@@ -130,6 +137,7 @@ void append_choice(std::string& out, const ChoiceText& choice) {
   append_ending(out, choice.finish_reason, choice.stop_token);
   out += ",\"token_ids\":";
   append_token_ids(out, choice.token_ids);
+  append_weight_versions(out, choice.weight_versions);
   out += '}';
 }
 
@@ -193,6 +201,7 @@ void append_completion_choice(std::string& out, const CompletionChoiceText& choi
   } else {
     out += "null";
   }
+  append_weight_versions(out, choice.weight_versions);
   if (choice.body) {
     out += ",\"prompt_logprobs\":";
     if (choice.prompt_logprob_rows != nullptr) {

@@ -42,6 +42,8 @@ struct ChoiceText {
   const std::string* logprob_items = nullptr;
   std::optional<std::string_view> finish_reason;
   std::optional<std::int64_t> stop_token;
+  // The weight versions' items ({"version":...,"first_token":N},...), or null for none.
+  const std::string* weight_versions = nullptr;
 };
 void append_choice(std::string& out, const ChoiceText& choice);
 
@@ -77,6 +79,7 @@ struct CompletionChoiceText {
   std::optional<std::span<const std::int64_t>> prompt_token_ids;  // null when absent
   bool body = false;  // a whole response's choice, not a stream chunk's
   const std::string* prompt_logprob_rows = nullptr;  // body: what follows the leading null
+  const std::string* weight_versions = nullptr;      // as in ChoiceText
 };
 void append_completion_choice(std::string& out, const CompletionChoiceText& choice);
 

@@ -296,6 +296,7 @@ void WeightSyncService::commit_version(const std::string& version, double second
                                     seconds));
             }
             known_.set_version_all(set.sequence, version);
+            if (committed_ != nullptr) committed_->commit(version);
             sessions_.committed();
             Response response;
             response.engine_seconds = seconds;

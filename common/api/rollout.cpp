@@ -47,8 +47,9 @@ Rollout::Rollout(GenerationService& service, engine::EngineRequests& requests, R
     : continuous_usage_(setup.continuous_usage), with_logprobs_(setup.logprobs.has_value()),
       completion_(setup.completion),
       prompt_ids_pending_(setup.completion && setup.return_token_ids), stream_(call->stream.get()),
-      event_head_(event_head(setup)), service_(service), requests_(requests),
-      setup_(std::move(setup)), call_(std::move(call)), done_(std::move(done)) {}
+      event_head_(event_head(setup)), versions_(setup.versions), service_(service),
+      requests_(requests), setup_(std::move(setup)), call_(std::move(call)),
+      done_(std::move(done)) {}
 
 void Rollout::cancel() {
   client_gone_ = true;
@@ -78,6 +79,7 @@ void Rollout::take(const wire::OutputView& output) {
   const std::size_t count = output.new_token_ids.size();
   if (count == 0) return;
   if (first_token_at_ == Clock::time_point{}) first_token_at_ = Clock::now();
+  if (versions_ != nullptr && versions_->epoch() != version_epoch_) label_version();
   for (const std::int64_t token : output.new_token_ids) tokens_.push_back(token);
   completion_tokens_ += static_cast<std::int64_t>(count);
   if (output.logprobs && setup_.logprobs) {
@@ -87,6 +89,21 @@ void Rollout::take(const wire::OutputView& output) {
       append_logprob_items(logprob_items_, *output.logprobs, *setup_.logprobs);
     }
   }
+}
+
+// The version committed now counts from this output's first token on (docs/http-api.md §9.7).
+// A commit between reading the epoch and the text labels with the newer version, once.
+void Rollout::label_version() {
+  version_epoch_ = versions_->epoch();
+  std::shared_ptr<const std::string> version = versions_->version();
+  if (last_version_ && *last_version_ == *version) return;
+  last_version_ = std::move(version);
+  if (!weight_versions_.empty()) weight_versions_ += ',';
+  weight_versions_ += "{\"version\":";
+  wire::append_json_string(weight_versions_, *last_version_);
+  weight_versions_ += ",\"first_token\":";
+  weight_versions_ += std::to_string(completion_tokens_);
+  weight_versions_ += '}';
 }
 
 void Rollout::on_output(const wire::OutputView& output) {
@@ -142,9 +159,12 @@ Usage Rollout::usage() const { return {setup_.prompt_tokens, completion_tokens_,
 // prompt's ids (return_token_ids), a body all of them and the prompt logprobs.
 void Rollout::append_choice_to(std::string& out, std::optional<std::string_view> finish_reason,
                                std::optional<std::int64_t> stop_token, bool body) const {
+  // The weight versions go with the whole answer, and with a stream's last chunk.
+  const std::string* versions =
+      versions_ != nullptr && (body || finish_reason) ? &weight_versions_ : nullptr;
   if (!completion_) {
-    return append_choice(
-        out, {tokens_, with_logprobs_ ? &logprob_items_ : nullptr, finish_reason, stop_token});
+    return append_choice(out, {tokens_, with_logprobs_ ? &logprob_items_ : nullptr, finish_reason,
+                               stop_token, versions});
   }
   CompletionChoiceText choice;
   choice.token_ids = tokens_;
@@ -157,6 +177,7 @@ void Rollout::append_choice_to(std::string& out, std::optional<std::string_view>
   }
   choice.body = body;
   choice.prompt_logprob_rows = setup_.prompt_logprobs ? &prompt_logprob_rows_ : nullptr;
+  choice.weight_versions = versions;
   append_completion_choice(out, choice);
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/api/call.hpp"
+#include "common/api/committed_version.hpp"
 #include "common/api/errors.hpp"
 #include "common/api/generation_render.hpp"
 #include "common/engine/engine_requests.hpp"
@@ -38,6 +39,7 @@ struct RolloutSetup {
   std::optional<std::int64_t> logprobs;  // k, when asked for
   bool prompt_logprobs = false;
   std::size_t stream_buffer_limit = 0;
+  const CommittedVersion* versions = nullptr;  // labels the tokens with weight versions
   std::chrono::steady_clock::time_point started;
 };
 
@@ -60,6 +62,7 @@ class Rollout final : public engine::RequestSink {
 
  private:
   void take(const wire::OutputView& output);
+  void label_version();  // a commit happened since the last tokens
   void finish(std::string_view reason, std::optional<std::int64_t> stop_token);
   void fail(const ApiError& error);
   // Streams: the merged delta as one event (with the finish reason at the end).
@@ -88,6 +91,8 @@ class Rollout final : public engine::RequestSink {
   const std::string event_head_;
   std::int64_t completion_tokens_ = 0;
   std::chrono::steady_clock::time_point first_token_at_{};  // {} until the first token
+  const CommittedVersion* versions_;                        // setup_'s
+  std::uint64_t version_epoch_ = 0;  // the commit the last labelled tokens came under
 
   GenerationService& service_;
   engine::EngineRequests& requests_;
@@ -97,6 +102,9 @@ class Rollout final : public engine::RequestSink {
 
   // IO thread only, now and then.
   CompletionLogprobs completion_logprobs_;  // /v1/completions: instead of logprob_items_
+  // {"version":...,"first_token":N} items, one per version the tokens came under.
+  std::string weight_versions_;
+  std::shared_ptr<const std::string> last_version_;
   std::string prompt_logprob_rows_;
   std::string kv_transfer_params_ = "null";
   std::int64_t cached_tokens_ = 0;

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "common/api/call.hpp"
+#include "common/api/committed_version.hpp"
 #include "common/api/errors.hpp"
 #include "common/api/known_state.hpp"
 #include "common/api/request.hpp"
@@ -77,6 +78,8 @@ class WeightSyncService {
 
   void set_operation_observer(OperationObserver observer) { observer_ = std::move(observer); }
   void set_daemon_hooks(DaemonHooks hooks) { hooks_ = std::move(hooks); }
+  // Told of every version committed on all engines (it outlives the service).
+  void label_commits(CommittedVersion* committed) { committed_ = committed; }
   // By rank: "awake", "weights_offloaded" (sleep level 1), "discard_all" (level 2), or ""
   // when only the KV cache sleeps (vllm:engine_sleep_state).
   std::vector<std::string_view> sleep_states() const;
@@ -170,6 +173,7 @@ class WeightSyncService {
   std::atomic<int> calls_in_flight_{0};
   std::atomic<std::uint64_t> synced_admissions_{~std::uint64_t{0}};  // none synced yet
   KnownState known_;
+  CommittedVersion* committed_ = nullptr;
   SleepStates sleep_;
   // A pause or resume that could not reach an engine (it was unreachable or not answering):
   // delivered as soon as the engine is ready again. By rank: the method and its args.
