@@ -113,6 +113,26 @@ class Completions(GenerateTestCase):
         self.assertTrue(all(chunk["object"] == "text_completion" and chunk["id"].startswith("cmpl-")
                             for chunk in chunks))
 
+    def test_prompt_logprobs_in_vllms_nested_shape(self):
+        # prime-rl scores a sequence and SkyRL's Tinker forwarding reads prompt logprobs: a list
+        # as long as the prompt, null first, then {"<id>": {logprob, rank, decoded_token}}.
+        daemon, (engine,) = self.start()
+        prompt = [21, 22, 23, 24]
+        response = self.complete(daemon, {"prompt": prompt, "max_tokens": 1, "seed": 1,
+                                          "prompt_logprobs": 2})
+        self.assertEqual(response.status_code, 200, response.text)
+        rows = response.json()["choices"][0]["prompt_logprobs"]
+        self.assertEqual(len(rows), len(prompt))
+        self.assertIsNone(rows[0])
+        for position, row in enumerate(rows[1:], start=1):
+            own = row[str(prompt[position])]
+            self.assertEqual(own["decoded_token"], f"token_id:{prompt[position]}")
+            self.assertIsInstance(own["rank"], int)
+            self.assertTrue(math.isfinite(own["logprob"]) and own["logprob"] <= 0)
+            self.assertTrue(all(entry["decoded_token"] == f"token_id:{key}"
+                                for key, entry in row.items()))
+        self.assertEqual(records(engine, "ADD")[0]["sampling_params"]["prompt_logprobs"], 2)
+
     def test_pause_abort_returns_the_partial_tokens_with_abort_in_a_200(self):
         # AReaL's loop: a request aborted by a pause is resent with its tokens appended.
         daemon, (engine,) = self.start(engine_flags=["--step-ms", "20"])
