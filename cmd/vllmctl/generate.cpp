@@ -50,9 +50,9 @@ tl::expected<std::vector<std::int64_t>, InputError> parse_ids(std::string_view t
     for (; at < text.size() && !separator(text[at]); ++at, ++digits) {
       const char c = text[at];
       if (c < '0' || c > '9' || digits >= 18) {
-        return refuse(api::exit_code::kUsage,
-                      std::string(source) + ": token ids are non-negative integers, got '" +
-                          std::string(1, c) + "'");
+        return refuse(api::exit_code::kUsage, std::string(source) +
+                                                  ": token ids are non-negative integers, got '" +
+                                                  std::string(1, c) + "'");
       }
       id = id * 10 + (c - '0');
     }
