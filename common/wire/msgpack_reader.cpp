@@ -163,12 +163,16 @@ std::optional<std::int64_t> MsgpackReader::wide_int64() {
   return read_checked_int(at_);
 }
 
+std::string_view MsgpackReader::take(const Head& head) {
+  const std::string_view body(at_ + head.header, head.size);
+  at_ += head.header + head.size;
+  return body;
+}
+
 std::optional<std::string_view> MsgpackReader::long_str() {
   auto found = head();
   if (!found) return std::nullopt;
-  std::string_view text(at_ + found->header, found->size);
-  at_ += found->header + found->size;
-  return text;
+  return take(*found);
 }
 
 std::optional<std::uint32_t> MsgpackReader::long_container() {
@@ -179,14 +183,13 @@ std::optional<std::uint32_t> MsgpackReader::long_container() {
 }
 
 std::optional<MsgpackReader::Ext> MsgpackReader::ext() {
-  if (at_ == end_) return stop("truncated msgpack frame");
+  if (at_ == end_) return truncated();
   const unsigned byte = tag();
   if (!((byte >= 0xc7 && byte <= 0xc9) || (byte >= 0xd4 && byte <= 0xd8))) return std::nullopt;
   auto found = head();
   if (!found) return std::nullopt;
-  Ext ext{found->ext_type, std::string_view(at_ + found->header, found->size)};
-  at_ += found->header + found->size;
-  return ext;
+  const std::int8_t type = found->ext_type;
+  return Ext{type, take(*found)};
 }
 
 bool MsgpackReader::skip_value(std::size_t depth) {
@@ -206,7 +209,7 @@ bool MsgpackReader::skip_value(std::size_t depth) {
 }
 
 std::optional<std::string_view> MsgpackReader::raw_map() {
-  if (at_ == end_) return stop("truncated msgpack frame");
+  if (at_ == end_) return truncated();
   const unsigned byte = tag();
   if (!((byte >= 0x80 && byte <= 0x8f) || byte == 0xde || byte == 0xdf)) return std::nullopt;
   return raw();

@@ -98,6 +98,7 @@ class MsgpackReader {
   std::optional<Head> head();
   std::optional<std::int64_t> wide_int64();
   std::optional<std::string_view> long_str();
+  std::string_view take(const Head& head);  // a str, bin or ext body, passed over
   // An array (fix 0x90, then 0xdc, 0xdd) or map (0x80, 0xde, 0xdf) header.
   std::optional<std::uint32_t> container(unsigned fix, unsigned wide) {
     if (at_ == end_) return truncated();
