@@ -99,26 +99,26 @@ std::string request_body(const std::vector<std::int64_t>& ids, const GenerateArg
   return body;
 }
 
-// The choice of an answer or event: its ids, and its sampled tokens' logprobs when asked.
+// A choice of an answer or event: its ids, and its sampled tokens' logprobs when asked.
 struct Choice {
+  std::int64_t index = 0;
   std::vector<std::int64_t> ids;
   std::vector<double> logprobs;
   std::string finish_reason;  // empty: not finished
 };
 
-std::optional<Choice> read_choice(const JsonReply& reply) {
-  const msgpack::object* choices = reply.field("choices");
-  if (choices == nullptr || choices->type != msgpack::type::ARRAY) return std::nullopt;
+Choice read_choice(const msgpack::object& object) {
   Choice choice;
-  if (choices->via.array.size == 0) return choice;  // the usage chunk
-  const msgpack::object& first = choices->via.array.ptr[0];
-  if (const msgpack::object* ids = wire::find_value(first, "token_ids");
+  if (const msgpack::object* index = wire::find_value(object, "index")) {
+    choice.index = wire::as_int64(*index).value_or(0);
+  }
+  if (const msgpack::object* ids = wire::find_value(object, "token_ids");
       ids != nullptr && ids->type == msgpack::type::ARRAY) {
     for (std::uint32_t i = 0; i < ids->via.array.size; ++i) {
       choice.ids.push_back(wire::as_int64(ids->via.array.ptr[i]).value_or(-1));
     }
   }
-  if (const msgpack::object* logprobs = wire::find_value(first, "logprobs")) {
+  if (const msgpack::object* logprobs = wire::find_value(object, "logprobs")) {
     if (const msgpack::object* content = wire::find_value(*logprobs, "content");
         content != nullptr && content->type == msgpack::type::ARRAY) {
       for (std::uint32_t i = 0; i < content->via.array.size; ++i) {
@@ -127,18 +127,31 @@ std::optional<Choice> read_choice(const JsonReply& reply) {
       }
     }
   }
-  if (const msgpack::object* reason = wire::find_value(first, "finish_reason")) {
+  if (const msgpack::object* reason = wire::find_value(object, "finish_reason")) {
     choice.finish_reason = std::string(wire::as_str(*reason).value_or(""));
   }
   return choice;
 }
 
-// The ids on one line, or one "id logprob" line per token.
-std::string text_of(const Choice& choice) {
-  std::string text;
+// The choices of an answer or event (none in the usage chunk); nullopt when it has no list.
+std::optional<std::vector<Choice>> read_choices(const JsonReply& reply) {
+  const msgpack::object* choices = reply.field("choices");
+  if (choices == nullptr || choices->type != msgpack::type::ARRAY) return std::nullopt;
+  std::vector<Choice> read;
+  for (std::uint32_t i = 0; i < choices->via.array.size; ++i) {
+    read.push_back(read_choice(choices->via.array.ptr[i]));
+  }
+  return read;
+}
+
+// The ids on one line, or one "id logprob" line per token; with several choices, each line
+// starts with its choice's index and a colon.
+std::string text_of(const Choice& choice, bool several) {
+  const std::string lead = several ? std::to_string(choice.index) + ": " : "";
+  std::string text = lead;
   for (std::size_t i = 0; i < choice.ids.size(); ++i) {
     if (choice.logprobs.size() == choice.ids.size()) {
-      if (i != 0) text += '\n';
+      if (i != 0) text += '\n' + lead;
       text += std::to_string(choice.ids[i]) + ' ' + number(choice.logprobs[i]);
     } else {
       text += (i == 0 ? "" : " ") + std::to_string(choice.ids[i]);
@@ -147,7 +160,7 @@ std::string text_of(const Choice& choice) {
   return text;
 }
 
-int streamed(const Context& context, const std::string& body) {
+int streamed(const Context& context, const std::string& body, bool several) {
   const Output& out = context.out();
   std::string finish_reason;
   std::optional<api::ApiError> failed;
@@ -167,14 +180,18 @@ int streamed(const Context& context, const std::string& body) {
       failed = event;
       return;
     }
-    const auto choice = read_choice(*reply);
-    if (!choice || (choice->ids.empty() && choice->finish_reason.empty())) {
+    const auto choices = read_choices(*reply);
+    if (!choices || choices->empty()) {
       if (out.format() == Format::kJson) out.result(json, json);
       return;
     }
-    tokens += choice->ids.size();
-    if (!choice->finish_reason.empty()) finish_reason = choice->finish_reason;
-    if (!choice->ids.empty() || out.format() == Format::kJson) out.result(text_of(*choice), json);
+    for (const Choice& choice : *choices) {
+      tokens += choice.ids.size();
+      if (!choice.finish_reason.empty()) finish_reason = choice.finish_reason;
+      if (!choice.ids.empty() || out.format() == Format::kJson) {
+        out.result(text_of(choice, several), json);
+      }
+    }
     std::fflush(stdout);
   };
   auto reply = context.call_or_report(kCommand, call);
@@ -195,18 +212,30 @@ int generate(const Context& context, const GenerateArgs& args) {
   auto ids = prompt_ids(args);
   if (!ids) return out.fail(kCommand, ids.error());
   const std::string body = request_body(*ids, args);
-  if (args.stream) return streamed(context, body);
+  const bool several = args.n.value_or(1) > 1;
+  if (args.stream) return streamed(context, body, several);
   auto reply = context.call_or_report(kCommand, Call{api::Operation::kGenerate, {}, body});
   if (!reply) return reply.error();
   const auto json = JsonReply::parse(reply->body);
-  const auto choice = json ? read_choice(*json) : std::nullopt;
-  if (!choice) {
+  const auto choices = json ? read_choices(*json) : std::nullopt;
+  if (!choices || choices->empty()) {
     out.error(kCommand, "the server's answer has no choice");
     return api::exit_code::kEngineFailed;
   }
-  out.result(text_of(*choice), reply->body);
-  out.note(std::string(kCommand) + ": " + std::to_string(choice->ids.size()) +
-           " token(s), finish_reason " + choice->finish_reason);
+  std::string text;
+  std::size_t tokens = 0;
+  std::string reasons;
+  for (const Choice& choice : *choices) {
+    if (!text.empty()) text += '\n';
+    text += text_of(choice, several);
+    tokens += choice.ids.size();
+    if (reasons.find(choice.finish_reason) == std::string::npos) {
+      reasons += (reasons.empty() ? "" : ",") + choice.finish_reason;
+    }
+  }
+  out.result(text, reply->body);
+  out.note(std::string(kCommand) + ": " + std::to_string(tokens) + " token(s), finish_reason " +
+           reasons);
   return api::exit_code::kOk;
 }
 

@@ -220,9 +220,13 @@ tl::expected<void, ApiError> read_sampling(const Sampling& in, const ModelInfo& 
   if (!n) return tl::unexpected(n.error());
   if (*n && **n < 1)
     return bad(in.param("n"), "n must be at least 1, got " + std::to_string(**n) + ".");
-  if (*n && **n > 1) {
-    return bad(in.param("n"), "Only n=1 is supported: send n requests");
+  if (*n && **n > kMaxChoicesPerPrompt) {
+    return bad(in.param("n"), "n must be at most " + std::to_string(kMaxChoicesPerPrompt) +
+                                  " (vllmd's limit of choices per prompt), got " +
+                                  std::to_string(**n) + ".");
   }
+  // The engine gets n = 1: vllmd fans a request out into n, as vLLM's Python frontend does.
+  if (*n) out.n = **n;
   auto top_k = in.integer("top_k");
   if (!top_k) return tl::unexpected(top_k.error());
   if (*top_k && **top_k < -1) {
@@ -294,15 +298,15 @@ tl::expected<void, ApiError> read_sampling(const Sampling& in, const ModelInfo& 
 
 // lower_sampling_params: max_tokens against the context, EOS and the stop sets.
 tl::expected<void, ApiError> lower(const Sampling& in, const ModelInfo& model,
-                                   GenerateRequest& out) {
+                                   std::string_view prompt_param, GenerateRequest& out) {
   wire::SamplingParams& p = out.sampling;
   const auto prompt = static_cast<std::int64_t>(out.token_ids.size());
   if (model.max_model_len) {
     if (prompt >= *model.max_model_len) {
-      return bad("token_ids", "this model's maximum context length is " +
-                                  std::to_string(*model.max_model_len) +
-                                  " tokens, but the prompt contains " + std::to_string(prompt) +
-                                  " input tokens");
+      return bad(prompt_param, "this model's maximum context length is " +
+                                   std::to_string(*model.max_model_len) +
+                                   " tokens, but the prompt contains " + std::to_string(prompt) +
+                                   " input tokens");
     }
     const std::int64_t room = *model.max_model_len - prompt;
     p.max_tokens = std::min(p.max_tokens.value_or(model.max_new_tokens.value_or(room)), room);
@@ -444,7 +448,7 @@ tl::expected<GenerateRequest, ApiError> read_generate(const Object& root, const 
                "`prompt_logprobs` are not available when `stream=true`.");
   }
   if (auto ok = read_sampling(in, model, request); !ok) return tl::unexpected(ok.error());
-  if (auto ok = lower(in, model, request); !ok) return tl::unexpected(ok.error());
+  if (auto ok = lower(in, model, "token_ids", request); !ok) return tl::unexpected(ok.error());
   request.sampling.extra_args_msgpack = extra_args(root, *sampling);
   return request;
 }
@@ -452,7 +456,7 @@ tl::expected<GenerateRequest, ApiError> read_generate(const Object& root, const 
 tl::expected<CompletionRequest, ApiError> read_completion(const Object& root,
                                                           const ModelInfo& model) {
   CompletionRequest completion;
-  GenerateRequest& request = completion.request;
+  GenerateRequest request;  // the sampling all prompts share
   if (auto ok = read_model(root, model); !ok) return tl::unexpected(ok.error());
   constexpr std::string_view kNoTokenizer =
       "vllmd has no tokenizer: it takes and returns token ids only";
@@ -464,16 +468,14 @@ tl::expected<CompletionRequest, ApiError> read_completion(const Object& root,
                                              prompt->via.array.ptr[0].type == msgpack::type::STR)) {
     return bad("prompt", std::string(kNoTokenizer) + ": the prompt must be a list of token ids");
   }
-  // A list of lists is a batch; one prompt in it is that prompt.
+  // A list of lists is a batch, answered in prompt order.
+  std::vector<const Object*> prompts{prompt};
   if (prompt->type == msgpack::type::ARRAY &&
       prompt->via.array.ptr[0].type == msgpack::type::ARRAY) {
-    if (prompt->via.array.size > 1) {
-      return bad("prompt", "a batch of prompts is not supported yet: send one request per prompt");
+    prompts.clear();
+    for (std::uint32_t i = 0; i < prompt->via.array.size; ++i) {
+      prompts.push_back(&prompt->via.array.ptr[i]);
     }
-    prompt = &prompt->via.array.ptr[0];
-  }
-  if (auto ok = read_prompt(*prompt, "prompt", model, request); !ok) {
-    return tl::unexpected(ok.error());
   }
   if (auto ok = read_options(root, request); !ok) return tl::unexpected(ok.error());
   // What only a tokenizer, beam search or a grammar engine can do.
@@ -507,8 +509,18 @@ tl::expected<CompletionRequest, ApiError> read_completion(const Object& root,
     return bad("prompt_logprobs", "`prompt_logprobs` are not available when `stream=true`.");
   }
   if (auto ok = read_sampling(in, model, request); !ok) return tl::unexpected(ok.error());
-  if (auto ok = lower(in, model, request); !ok) return tl::unexpected(ok.error());
   request.sampling.extra_args_msgpack = extra_args(root, root);
+  const auto choices = static_cast<std::int64_t>(prompts.size()) * request.n;
+  if (choices > kMaxChoicesPerRequest) {
+    return bad("prompt", "a request may ask for at most " + std::to_string(kMaxChoicesPerRequest) +
+                             " choices (prompts x n), got " + std::to_string(choices));
+  }
+  completion.prompts.reserve(prompts.size());
+  for (const Object* ids : prompts) {
+    GenerateRequest& one = completion.prompts.emplace_back(request);
+    if (auto ok = read_prompt(*ids, "prompt", model, one); !ok) return tl::unexpected(ok.error());
+    if (auto ok = lower(in, model, "prompt", one); !ok) return tl::unexpected(ok.error());
+  }
   return completion;
 }
 

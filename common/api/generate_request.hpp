@@ -38,8 +38,14 @@ struct ModelInfo {
   std::int64_t max_logprobs = 20;             // vLLM's --max-logprobs default
 };
 
+// n is served by fanning a request out into n engine requests; vLLM bounds it by the engines'
+// max_num_seqs, whose default this is. A batch of prompts times n is bounded too.
+inline constexpr std::int64_t kMaxChoicesPerPrompt = 256;
+inline constexpr std::int64_t kMaxChoicesPerRequest = 4096;
+
 struct GenerateRequest {
   std::vector<std::int64_t> token_ids;
+  std::int64_t n = 1;                           // choices, each its own engine request
   wire::SamplingParams sampling;                // lowered: what the engine gets
   std::optional<std::int64_t> logprobs;         // top-k asked per sampled token (-1: all)
   std::optional<std::int64_t> prompt_logprobs;  // likewise per prompt token
@@ -56,10 +62,10 @@ tl::expected<GenerateRequest, ApiError> parse_generate_request(std::string_view 
 
 // POST /v1/completions with a token-id `prompt` (docs/http-api.md): the sampling keys at the
 // top level, validated and lowered as above. A text prompt, echo, suffix, beam search and
-// structured outputs are refused with a 400 that says why; so is, for now, a batch of more
-// than one prompt.
+// structured outputs are refused with a 400 that says why. A list of lists is a batch of
+// prompts: one GenerateRequest each, in order, sharing the sampling.
 struct CompletionRequest {
-  GenerateRequest request;
+  std::vector<GenerateRequest> prompts;
   bool return_token_ids = false;  // token_ids and prompt_token_ids in each choice
 };
 tl::expected<CompletionRequest, ApiError> parse_completion_request(std::string_view body,

@@ -5,6 +5,7 @@
 
 #include "common/api/request.hpp"
 #include "common/api/rollout.hpp"
+#include "common/api/rollout_group.hpp"
 #include "common/api/service.hpp"
 #include "common/util/log.hpp"
 #include "common/wire/msgpack_codec.hpp"
@@ -118,7 +119,9 @@ void GenerationService::generate(const CallPtr& call, const Done& done) {
   auto parsed = parse_generate_request(call->body, model);
   std::string().swap(call->body);
   if (!parsed) return done(error_response(parsed.error()));
-  start(call, done, std::move(*parsed), {.id_prefix = kIdPrefix}, model, started);
+  std::vector<GenerateRequest> prompts;
+  prompts.push_back(std::move(*parsed));
+  start(call, done, std::move(prompts), {.id_prefix = kIdPrefix}, model, started);
 }
 
 void GenerationService::complete(const CallPtr& call, const Done& done) {
@@ -127,16 +130,18 @@ void GenerationService::complete(const CallPtr& call, const Done& done) {
   auto parsed = parse_completion_request(call->body, model);
   std::string().swap(call->body);
   if (!parsed) return done(error_response(parsed.error()));
-  start(call, done, std::move(parsed->request),
+  start(call, done, std::move(parsed->prompts),
         {.id_prefix = kCompletionIdPrefix,
          .completion = true,
          .return_token_ids = parsed->return_token_ids},
         model, started);
 }
 
-void GenerationService::start(const CallPtr& call, const Done& done, GenerateRequest parsed,
-                              const Shape& shape, const ModelInfo& model,
+void GenerationService::start(const CallPtr& call, const Done& done,
+                              std::vector<GenerateRequest> prompts, const Shape& shape,
+                              const ModelInfo& model,
                               std::chrono::steady_clock::time_point started) {
+  const GenerateRequest& first = prompts.front();
   auto rank = pinned_rank(*call, engines_.engines().size());
   if (!rank) return done(error_response(rank.error()));
 
@@ -145,8 +150,8 @@ void GenerationService::start(const CallPtr& call, const Done& done, GenerateReq
   if (call->request_id_header) {
     base = *call->request_id_header;
     id_param = "X-Request-Id";
-  } else if (parsed.request_id) {
-    base = *parsed.request_id;
+  } else if (first.request_id) {
+    base = *first.request_id;
   } else {
     base = fresh_id();
   }
@@ -163,48 +168,83 @@ void GenerationService::start(const CallPtr& call, const Done& done, GenerateReq
   setup.completion = shape.completion;
   setup.return_token_ids = shape.return_token_ids;
   setup.request_id = std::string(shape.id_prefix) + base;
-  // vLLM's completions name each prompt's request "<id>-<index>"; one prompt is index 0.
-  const std::string external_id = shape.completion ? setup.request_id + "-0" : setup.request_id;
-  setup.engine_id = external_id + "-" + hex(mix(id_seed_ + id_counter_.fetch_add(1)), 8);
   setup.model_name = model.name;
   setup.created = created_;
-  setup.prompt_tokens = static_cast<std::int64_t>(parsed.token_ids.size());
-  setup.prompt_token_ids = parsed.token_ids;
-  setup.stream = parsed.stream;
-  setup.include_usage = parsed.include_usage;
-  setup.continuous_usage = parsed.continuous_usage_stats;
-  setup.logprobs = parsed.logprobs;
-  setup.prompt_logprobs = parsed.prompt_logprobs.has_value();
+  setup.stream = first.stream;
+  setup.include_usage = first.include_usage;
+  setup.continuous_usage = first.continuous_usage_stats;
+  setup.logprobs = first.logprobs;
+  setup.prompt_logprobs = first.prompt_logprobs.has_value();
   setup.stream_buffer_limit = options_.stream_buffer_limit;
   setup.versions = committed_;
   setup.started = started;
+  const std::int64_t n = first.n;
+  const std::size_t choices = prompts.size() * static_cast<std::size_t>(n);
 
-  engine::Generation generation;
-  wire::EngineCoreRequest& request = generation.request;
-  request.request_id = setup.engine_id;
-  request.prompt_token_ids = std::move(parsed.token_ids);
-  request.sampling_params = std::move(parsed.sampling);
-  request.arrival_time = unix_seconds();
-  request.cache_salt = std::move(parsed.cache_salt);
-  request.priority = parsed.priority;
-  request.external_req_id = external_id;
-  generation.rank = *rank;
-  generation.session = call->session_header.value_or("");
+  std::shared_ptr<InFlightAnswer> answer;
+  std::shared_ptr<RolloutGroup> group;
+  if (choices > 1) {
+    RolloutSetup head = setup;
+    head.prompt_tokens = static_cast<std::int64_t>(first.token_ids.size());
+    head.prompt_token_ids = first.token_ids;
+    group =
+        std::make_shared<RolloutGroup>(*this, requests_, std::move(head), n, choices, call, done);
+    answer = group;
+  }
+  std::vector<engine::Generation> generations;
+  generations.reserve(choices);
+  for (std::size_t p = 0; p < prompts.size(); ++p) {
+    GenerateRequest& prompt = prompts[p];
+    // vLLM's names: a completion's prompt i is "<id>-<i>", choice j of n > 1 "<j>_<that>".
+    const std::string prompt_id =
+        shape.completion ? setup.request_id + "-" + std::to_string(p) : setup.request_id;
+    for (std::int64_t j = 0; j < n; ++j) {
+      RolloutSetup choice = setup;
+      const std::string external_id = n > 1 ? std::to_string(j) + "_" + prompt_id : prompt_id;
+      choice.engine_id = external_id + "-" + hex(mix(id_seed_ + id_counter_.fetch_add(1)), 8);
+      choice.index = static_cast<std::int64_t>(p) * n + j;
+      choice.prompt_tokens = static_cast<std::int64_t>(prompt.token_ids.size());
+      choice.prompt_token_ids = prompt.token_ids;
+      choice.group = group;
 
-  auto rollout = std::make_shared<Rollout>(*this, requests_, std::move(setup), call, done);
-  {
-    std::lock_guard lock(mutex_);
-    if (!in_flight_.emplace(rollout->request_id(), rollout).second) {
-      return done(error_response(invalid_request(
-          "request id " + rollout->request_id() + " is already in flight", id_param)));
+      engine::Generation& generation = generations.emplace_back();
+      wire::EngineCoreRequest& request = generation.request;
+      request.request_id = choice.engine_id;
+      request.prompt_token_ids = j + 1 < n ? prompt.token_ids : std::move(prompt.token_ids);
+      request.sampling_params = prompt.sampling;
+      // A seed gives each choice its own: seed + j, as vLLM's parallel sampling does.
+      if (auto& seed = request.sampling_params->seed; seed && j > 0) {
+        *seed = static_cast<std::int64_t>(static_cast<std::uint64_t>(*seed) +
+                                          static_cast<std::uint64_t>(j));
+      }
+      request.arrival_time = unix_seconds();
+      request.cache_salt = prompt.cache_salt;
+      request.priority = prompt.priority;
+      request.external_req_id = external_id;
+      generation.rank = *rank;
+      generation.session = call->session_header.value_or("");
+      generation.follows_previous = j > 0;
+
+      auto rollout = std::make_shared<Rollout>(*this, requests_, std::move(choice), call,
+                                               group ? Done{} : done);
+      if (group) group->add(rollout);
+      if (!answer) answer = rollout;
+      generation.sink = std::move(rollout);
     }
   }
-  // From here on a client that leaves stops the engine's work for it.
-  call->stream->on_cancel([weak = std::weak_ptr<Rollout>(rollout)] {
+  {
+    std::lock_guard lock(mutex_);
+    if (!in_flight_.emplace(answer->request_id(), answer).second) {
+      return done(error_response(invalid_request(
+          "request id " + answer->request_id() + " is already in flight", id_param)));
+    }
+  }
+  // From here on a client that leaves stops the engines' work for it.
+  call->stream->on_cancel([weak = std::weak_ptr<InFlightAnswer>(answer)] {
     if (auto alive = weak.lock()) alive->cancel();
   });
-  generation.sink = rollout;
-  requests_.generate(std::move(generation));
+  if (generations.size() == 1) return requests_.generate(std::move(generations.front()));
+  requests_.generate_all(std::move(generations));
 }
 
 void GenerationService::finished(const std::string& request_id) {
@@ -213,7 +253,7 @@ void GenerationService::finished(const std::string& request_id) {
 }
 
 std::size_t GenerationService::abort_known(const std::vector<std::string>& ids) {
-  std::vector<std::shared_ptr<Rollout>> found;
+  std::vector<std::shared_ptr<InFlightAnswer>> found;
   {
     std::lock_guard lock(mutex_);
     if (ids.empty()) {
@@ -229,7 +269,7 @@ std::size_t GenerationService::abort_known(const std::vector<std::string>& ids) 
   }
   std::vector<std::string> engine_ids;
   engine_ids.reserve(found.size());
-  for (const auto& rollout : found) engine_ids.push_back(rollout->engine_id());
+  for (const auto& answer : found) answer->append_engine_ids(engine_ids);
   requests_.abort(std::move(engine_ids));
   return found.size();
 }

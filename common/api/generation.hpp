@@ -29,7 +29,7 @@ struct GenerationOptions {
   std::size_t stream_buffer_limit = std::size_t{8} << 20;
 };
 
-class Rollout;
+class InFlightAnswer;
 
 class GenerationService {
  public:
@@ -68,9 +68,11 @@ class GenerationService {
     bool completion = false;
     bool return_token_ids = false;
   };
-  // A parsed request on its way: ids, engine choice, the Rollout, the ADD.
-  void start(const CallPtr& call, const Done& done, GenerateRequest parsed, const Shape& shape,
-             const ModelInfo& model, std::chrono::steady_clock::time_point started);
+  // A parsed request on its way: ids, engine choice, one Rollout per choice (grouped when
+  // there are several), the ADDs.
+  void start(const CallPtr& call, const Done& done, std::vector<GenerateRequest> prompts,
+             const Shape& shape, const ModelInfo& model,
+             std::chrono::steady_clock::time_point started);
   // Aborts these requests (ids as clients know them); how many were in flight.
   std::size_t abort_known(const std::vector<std::string>& ids);
 
@@ -85,7 +87,7 @@ class GenerationService {
 
   mutable std::mutex mutex_;
   // By the request_id the response carries. The rollout's engine id is unique.
-  std::unordered_map<std::string, std::shared_ptr<Rollout>> in_flight_;
+  std::unordered_map<std::string, std::shared_ptr<InFlightAnswer>> in_flight_;
 };
 
 }  // namespace vllmd::api

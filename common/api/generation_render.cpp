@@ -126,7 +126,9 @@ void append_usage(std::string& out, const Usage& usage) {
 }
 
 void append_choice(std::string& out, const ChoiceText& choice) {
-  out += "{\"index\":0,\"logprobs\":";
+  out += "{\"index\":";
+  out += std::to_string(choice.index);
+  out += ",\"logprobs\":";
   if (choice.logprob_items != nullptr) {
     out += "{\"content\":[";
     out += *choice.logprob_items;
@@ -174,7 +176,9 @@ void append_completion_logprobs(CompletionLogprobs& out, const wire::LogprobsVie
 }
 
 void append_completion_choice(std::string& out, const CompletionChoiceText& choice) {
-  out += "{\"index\":0,\"text\":\"\",\"logprobs\":";
+  out += "{\"index\":";
+  out += std::to_string(choice.index);
+  out += ",\"text\":\"\",\"logprobs\":";
   if (const CompletionLogprobs* logprobs = choice.logprobs) {
     out += "{\"text_offset\":[";
     out += logprobs->text_offset;

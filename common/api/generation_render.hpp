@@ -34,10 +34,11 @@ struct Usage {
 };
 void append_usage(std::string& out, const Usage& usage);
 
-// One choice of a response or a stream chunk: {"index":0,"logprobs":...,"finish_reason":...,
+// One choice of a response or a stream chunk: {"index":i,"logprobs":...,"finish_reason":...,
 // "stop_reason":...,"token_ids":[...]}. `logprob_items` is what append_logprob_items wrote,
 // or nullopt when logprobs were not asked for (then "logprobs":null).
 struct ChoiceText {
+  std::int64_t index = 0;
   std::span<const std::int64_t> token_ids;
   const std::string* logprob_items = nullptr;
   std::optional<std::string_view> finish_reason;
@@ -68,9 +69,10 @@ struct CompletionLogprobs {
 void append_completion_logprobs(CompletionLogprobs& out, const wire::LogprobsView& rows,
                                 std::int64_t k);
 
-// One choice of /v1/completions: {"index":0,"text":"","logprobs":...,"finish_reason":...,
+// One choice of /v1/completions: {"index":i,"text":"","logprobs":...,"finish_reason":...,
 // "stop_reason":...,"token_ids":...,"prompt_token_ids":...}, then "prompt_logprobs" in a body.
 struct CompletionChoiceText {
+  std::int64_t index = 0;
   std::span<const std::int64_t> token_ids;
   const CompletionLogprobs* logprobs = nullptr;  // null: "logprobs":null
   std::optional<std::string_view> finish_reason;

@@ -1,6 +1,7 @@
 #include "common/api/rollout.hpp"
 
 #include "common/api/generation.hpp"
+#include "common/api/rollout_group.hpp"
 #include "common/api/service.hpp"
 #include "common/wire/json_text.hpp"
 #include "common/wire/msgpack_to_json.hpp"
@@ -42,13 +43,60 @@ std::string event_head(const RolloutSetup& setup) {
 
 }  // namespace
 
+std::string answer_body(const RolloutSetup& setup, const AnswerParts& parts) {
+  std::string json;
+  json.reserve(256 + parts.choices.size() + parts.prompt_logprob_rows.size() +
+               setup.prompt_token_ids.size() * 7);
+  append_object_head(json, setup);
+  if (!setup.completion) {
+    json += ",\"model\":";
+    wire::append_json_string(json, setup.model_name);
+    json += ",\"created\":";
+    json += std::to_string(setup.created);
+  }
+  json += ",\"choices\":[";
+  json += parts.choices;
+  json += "],\"usage\":";
+  append_usage(json, parts.usage);
+  if (!setup.completion) {
+    json += ",\"prompt_logprobs\":";
+    if (setup.prompt_logprobs) {
+      json += "[null";
+      json += parts.prompt_logprob_rows;
+      json += ']';
+    } else {
+      json += "null";
+    }
+    json += ",\"prompt_token_ids\":";
+    append_token_ids(json, setup.prompt_token_ids);
+  }
+  json += ",\"kv_transfer_params\":";
+  json += parts.kv_transfer_params;
+  json += '}';
+  return json;
+}
+
+std::string closing_events(const RolloutSetup& setup, const Usage& usage) {
+  std::string events;
+  if (setup.include_usage) {
+    std::string json;
+    append_object_head(json, setup);
+    json += ",\"choices\":[],\"usage\":";
+    append_usage(json, usage);
+    json += '}';
+    events += sse_event(json);
+  }
+  events += kSseDone;
+  return events;
+}
+
 Rollout::Rollout(GenerationService& service, engine::EngineRequests& requests, RolloutSetup setup,
                  CallPtr call, Done done)
     : continuous_usage_(setup.continuous_usage), with_logprobs_(setup.logprobs.has_value()),
       completion_(setup.completion),
       prompt_ids_pending_(setup.completion && setup.return_token_ids), stream_(call->stream.get()),
-      event_head_(event_head(setup)), versions_(setup.versions), service_(service),
-      requests_(requests), setup_(std::move(setup)), call_(std::move(call)),
+      event_head_(event_head(setup)), versions_(setup.versions), group_(setup.group.get()),
+      service_(service), requests_(requests), setup_(std::move(setup)), call_(std::move(call)),
       done_(std::move(done)) {}
 
 void Rollout::cancel() {
@@ -56,12 +104,18 @@ void Rollout::cancel() {
   requests_.abort({setup_.engine_id});
 }
 
-void Rollout::abort() { requests_.abort({setup_.engine_id}); }
-
 void Rollout::on_sent(int /*rank*/) {
   if (!setup_.stream || ended_) return;
   // The head goes once an engine took the request: a refusal before that is a plain 503.
-  stream_->begin(200, "text/event-stream");
+  begin_stream();
+}
+
+void Rollout::begin_stream() {
+  if (group_ != nullptr) {
+    group_->begin_stream();
+  } else {
+    stream_->begin(200, "text/event-stream");
+  }
   streaming_ = true;
 }
 
@@ -141,7 +195,7 @@ void Rollout::on_closed(engine::Closed why, std::string_view message) {
   if (client_gone_) {
     // Nobody reads the answer: only the access log hears of it.
     Response gone{kClientClosedRequest, ""};
-    gone.streamed = streaming_;
+    gone.streamed = stream_open();
     return end(std::move(gone));
   }
   switch (why) {
@@ -163,10 +217,11 @@ void Rollout::append_choice_to(std::string& out, std::optional<std::string_view>
   const std::string* versions =
       versions_ != nullptr && (body || finish_reason) ? &weight_versions_ : nullptr;
   if (!completion_) {
-    return append_choice(out, {tokens_, with_logprobs_ ? &logprob_items_ : nullptr, finish_reason,
-                               stop_token, versions});
+    return append_choice(out, {setup_.index, tokens_, with_logprobs_ ? &logprob_items_ : nullptr,
+                               finish_reason, stop_token, versions});
   }
   CompletionChoiceText choice;
+  choice.index = setup_.index;
   choice.token_ids = tokens_;
   choice.logprobs = with_logprobs_ ? &completion_logprobs_ : nullptr;
   choice.finish_reason = finish_reason;
@@ -212,75 +267,57 @@ void Rollout::write_delta() {
 
 std::string Rollout::body(std::string_view finish_reason,
                           std::optional<std::int64_t> stop_token) const {
-  std::string json;
-  json.reserve(256 + tokens_.size() * 7 + logprob_items_.size() + prompt_logprob_rows_.size() +
-               setup_.prompt_token_ids.size() * 7);
-  if (setup_.completion) {
-    append_object_head(json, setup_);
-    json += ",\"choices\":[";
-    append_choice_to(json, finish_reason, stop_token, true);
-    json += "],\"usage\":";
-    append_usage(json, usage());
-    json += ",\"kv_transfer_params\":";
-    json += kv_transfer_params_;
-    json += '}';
-    return json;
-  }
-  json += "{\"request_id\":";
-  wire::append_json_string(json, setup_.request_id);
-  json += ",\"model\":";
-  wire::append_json_string(json, setup_.model_name);
-  json += ",\"created\":";
-  json += std::to_string(setup_.created);
-  json += ",\"choices\":[";
-  append_choice_to(json, finish_reason, stop_token, true);
-  json += "],\"usage\":";
-  append_usage(json, usage());
-  json += ",\"prompt_logprobs\":";
-  if (setup_.prompt_logprobs) {
-    json += "[null";
-    json += prompt_logprob_rows_;
-    json += ']';
-  } else {
-    json += "null";
-  }
-  json += ",\"prompt_token_ids\":";
-  append_token_ids(json, setup_.prompt_token_ids);
-  json += ",\"kv_transfer_params\":";
-  json += kv_transfer_params_;
-  json += '}';
-  return json;
+  std::string choice;
+  choice.reserve(
+      128 + tokens_.size() * 7 + logprob_items_.size() +
+      (completion_ ? prompt_logprob_rows_.size() + setup_.prompt_token_ids.size() * 7 : 0));
+  append_choice_to(choice, finish_reason, stop_token, true);
+  return answer_body(setup_, {choice, usage(), prompt_logprob_rows_, kv_transfer_params_});
 }
 
 void Rollout::finish(std::string_view reason, std::optional<std::int64_t> stop_token) {
   if (!streaming_) {
     if (setup_.stream) {
       // Ended before any engine took it (an abort while queued): still a well-formed stream.
-      stream_->begin(200, "text/event-stream");
-      streaming_ = true;
-    } else {
+      begin_stream();
+    } else if (group_ == nullptr) {
       return end(Response{200, body(reason, stop_token)});
     }
   }
+  if (group_ != nullptr) return finish_choice(reason, stop_token);
   // The terminal chunk always goes out, with whatever delta is still merged.
   std::string events = chunk(reason, stop_token);
-  if (setup_.include_usage) {
-    std::string json;
-    append_object_head(json, setup_);
-    json += ",\"choices\":[],\"usage\":";
-    append_usage(json, usage());
-    json += '}';
-    events += sse_event(json);
-  }
-  events += kSseDone;
+  events += closing_events(setup_, usage());
   stream_->write(std::move(events));
   Response streamed;
   streamed.streamed = true;
   end(std::move(streamed));
 }
 
+// One choice of several ended well: its terminal chunk goes out, or its rendered choice to the
+// group, which answers once every choice has ended.
+void Rollout::finish_choice(std::string_view reason, std::optional<std::int64_t> stop_token) {
+  ended_ = true;
+  ChoiceEnd end;
+  end.index = setup_.index;
+  if (setup_.stream) {
+    stream_->write(chunk(reason, stop_token));
+  } else {
+    append_choice_to(end.choice, reason, stop_token, true);
+  }
+  end.usage = usage();
+  end.first_token_at = first_token_at_;
+  end.prompt_logprob_rows = std::move(prompt_logprob_rows_);
+  end.kv_transfer_params = std::move(kv_transfer_params_);
+  group_->choice_finished(std::move(end));
+}
+
+bool Rollout::stream_open() const {
+  return streaming_ || (group_ != nullptr && group_->streaming());
+}
+
 void Rollout::fail(const ApiError& error) {
-  if (!streaming_) return end(error_response(error));
+  if (!stream_open()) return end(error_response(error));
   // Tokens already merged are not lost: they go out before the error.
   std::string events = tokens_.empty() ? std::string() : chunk(std::nullopt, std::nullopt);
   events += sse_error_event(error.message, error.status >= 500 ? "InternalServerError" : error.type,
@@ -299,6 +336,8 @@ void Rollout::end(Response response) {
     response.first_token_seconds =
         std::chrono::duration<double>(first_token_at_ - setup_.started).count();
   }
+  // A choice of several that fails, or whose client left, ends its whole answer.
+  if (group_ != nullptr) return group_->end(std::move(response));
   Done done = std::move(done_);
   service_.finished(setup_.request_id);
   done(std::move(response));

@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/api/call.hpp"
@@ -21,6 +23,23 @@
 namespace vllmd::api {
 
 class GenerationService;
+class RolloutGroup;
+
+// What the service's table of requests in flight holds: one answer, with one engine request
+// (a Rollout) or several (a RolloutGroup).
+class InFlightAnswer {
+ public:
+  InFlightAnswer() = default;
+  virtual ~InFlightAnswer() = default;
+  InFlightAnswer(const InFlightAnswer&) = delete;
+  InFlightAnswer& operator=(const InFlightAnswer&) = delete;
+
+  virtual const std::string& request_id() const = 0;
+  // Any thread: the engine ids to abort for it.
+  virtual void append_engine_ids(std::vector<std::string>& ids) const = 0;
+  // Any thread. The client left: the engines stop, and nobody gets an answer.
+  virtual void cancel() = 0;
+};
 
 struct RolloutSetup {
   // /v1/completions' shape ("id", "object": "text_completion", logprobs as four lists)
@@ -41,9 +60,33 @@ struct RolloutSetup {
   std::size_t stream_buffer_limit = 0;
   const CommittedVersion* versions = nullptr;  // labels the tokens with weight versions
   std::chrono::steady_clock::time_point started;
+  // One choice of several (n > 1, a batch of prompts): its index, and the answer it is part of.
+  std::int64_t index = 0;
+  std::shared_ptr<RolloutGroup> group;
 };
 
-class Rollout final : public engine::RequestSink {
+// An answer's JSON around its choices (`choices`: rendered, comma-separated): the body, and a
+// stream's closing events (the usage chunk when asked for, then [DONE]).
+struct AnswerParts {
+  std::string_view choices;
+  Usage usage;
+  std::string_view prompt_logprob_rows;  // the generate route's: what follows the leading null
+  std::string_view kv_transfer_params;   // JSON
+};
+std::string answer_body(const RolloutSetup& setup, const AnswerParts& parts);
+std::string closing_events(const RolloutSetup& setup, const Usage& usage);
+
+// How one choice of a RolloutGroup ended well: what the group's answer needs of it.
+struct ChoiceEnd {
+  std::int64_t index = 0;
+  std::string choice;  // rendered (a body's choice; empty for a stream)
+  Usage usage;
+  std::chrono::steady_clock::time_point first_token_at{};
+  std::string prompt_logprob_rows;
+  std::string kv_transfer_params;
+};
+
+class Rollout final : public engine::RequestSink, public InFlightAnswer {
  public:
   Rollout(GenerationService& service, engine::EngineRequests& requests, RolloutSetup setup,
           CallPtr call, Done done);
@@ -52,18 +95,21 @@ class Rollout final : public engine::RequestSink {
   void on_output(const wire::OutputView& output) override;
   void on_closed(engine::Closed why, std::string_view message) override;
 
-  // Any thread. The client left: the engine stops, and nobody gets an answer.
-  void cancel();
-  // Any thread. The engine stops; the answer ends with the tokens so far and "abort".
-  void abort();
-
-  const std::string& request_id() const { return setup_.request_id; }
-  const std::string& engine_id() const { return setup_.engine_id; }
+  void cancel() override;
+  const std::string& request_id() const override { return setup_.request_id; }
+  void append_engine_ids(std::vector<std::string>& ids) const override {
+    ids.push_back(setup_.engine_id);
+  }
+  // IO thread, for its group: it ended early, so this choice says nothing more.
+  void silence() { ended_ = true; }
 
  private:
   void take(const wire::OutputView& output);
-  void label_version();  // a commit happened since the last tokens
+  void begin_stream();
+  bool stream_open() const;  // its head went out (this choice's or, in a group, another's)
+  void label_version();      // a commit happened since the last tokens
   void finish(std::string_view reason, std::optional<std::int64_t> stop_token);
+  void finish_choice(std::string_view reason, std::optional<std::int64_t> stop_token);
   void fail(const ApiError& error);
   // Streams: the merged delta as one event (with the finish reason at the end).
   std::string chunk(std::optional<std::string_view> finish_reason,
@@ -93,6 +139,7 @@ class Rollout final : public engine::RequestSink {
   std::chrono::steady_clock::time_point first_token_at_{};  // {} until the first token
   const CommittedVersion* versions_;                        // setup_'s
   std::uint64_t version_epoch_ = 0;  // the commit the last labelled tokens came under
+  RolloutGroup* const group_;        // setup_'s, or null for an answer of its own
 
   GenerationService& service_;
   engine::EngineRequests& requests_;

@@ -194,18 +194,30 @@ void EngineClient::Impl::submit(Submission submission) {
 }
 
 void EngineClient::generate(Generation generation) {
+  std::vector<Generation> one;
+  one.push_back(std::move(generation));
+  generate_all(std::move(one));
+}
+
+void EngineClient::generate_all(std::vector<Generation> generations) {
+  if (generations.empty()) return;
   {
     std::lock_guard lock(impl_->queue_mutex);
     if (!impl_->queue_closed) {
-      // One wake-up per batch: the IO thread takes the whole queue at once.
+      // One wake-up per batch: the IO thread takes the whole queue at once. Pushed under one
+      // lock, a group stays together in the queue.
       const bool first = impl_->generations.empty() && impl_->aborts.empty();
-      impl_->generations.push_back(std::move(generation));
+      for (Generation& generation : generations) {
+        impl_->generations.push_back(std::move(generation));
+      }
       impl_->generations_waiting.store(true, std::memory_order_relaxed);
       if (first) impl_->wake();
       return;
     }
   }
-  generation.sink->on_closed(Closed::kShutdown, "engine client is shutting down");
+  for (Generation& generation : generations) {
+    generation.sink->on_closed(Closed::kShutdown, "engine client is shutting down");
+  }
 }
 
 void EngineClient::abort(std::vector<std::string> request_ids) {

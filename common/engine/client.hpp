@@ -116,6 +116,7 @@ class EngineClient final : public EngineCalls, public EngineRequests {
 
   // Generations (engine_requests.hpp): the sink hears the rest on the IO thread.
   void generate(Generation generation) override;
+  void generate_all(std::vector<Generation> generations) override;
   void abort(std::vector<std::string> request_ids) override;
   std::vector<EngineLoad> loads() const override;
 

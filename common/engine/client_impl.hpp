@@ -193,6 +193,7 @@ struct EngineClient::Impl {
   std::vector<std::pair<InFlight*, const wire::OutputView*>> later;
   SessionAffinity sessions{ClientOptions{}.session_imbalance};
   std::vector<SessionAffinity::Candidate> candidates;  // choose_engine's, reused
+  int previous_rank = -1;  // where the last generation went (-1: refused), for followers
   // The message being handed on, decoded into the same vectors message after message.
   wire::DecodedOutputs received;
   bool loads_changed = false;

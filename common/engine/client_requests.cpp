@@ -79,11 +79,19 @@ EngineSlot* EngineClient::Impl::choose_engine(const Generation& generation, std:
 
 void EngineClient::Impl::send_generation(Generation& generation) {
   const std::string& id = generation.request.request_id;
+  const int leader_rank = previous_rank;
+  previous_rank = -1;
   if (requests.contains(id)) {
     return generation.sink->on_closed(Closed::kRefused,
                                       "request id " + id + " is already in flight");
   }
   std::string why;
+  if (generation.follows_previous) {
+    if (leader_rank < 0) {
+      return generation.sink->on_closed(Closed::kRefused, "the request it goes with was refused");
+    }
+    generation.rank = leader_rank;
+  }
   EngineSlot* engine = choose_engine(generation, why);
   if (engine == nullptr) return generation.sink->on_closed(Closed::kRefused, why);
   const wire::RequestLayout& layout =
@@ -97,6 +105,7 @@ void EngineClient::Impl::send_generation(Generation& generation) {
   }
   ++engine->requests_in_flight;
   loads_changed = true;
+  previous_rank = engine->status.rank;
   generation.sink->on_sent(engine->status.rank);
   requests.emplace(id, InFlight{engine->status.rank, std::move(generation.sink)});
 }

@@ -51,6 +51,9 @@ struct Generation {
   std::optional<int> rank;          // pinned (X-data-parallel-rank); else the least loaded
   std::shared_ptr<RequestSink> sink;
   std::string session;  // X-Session-ID: its session's engine (session_affinity.hpp)
+  // generate_all: to the engine of the generation before it (the n choices of one prompt
+  // share its prefix cache there).
+  bool follows_previous = false;
 };
 
 // Per engine, for balancing and /metrics.
@@ -70,6 +73,10 @@ class EngineRequests {
 
   // Returns at once; the sink hears the rest on the IO thread.
   virtual void generate(Generation generation) = 0;
+  // Several at once, in order (one answer's choices): none is sent before all are submitted,
+  // so an abort for all of them misses none. One with follows_previous goes to the engine the
+  // one before it went to, or is refused with it.
+  virtual void generate_all(std::vector<Generation> generations) = 0;
   // Ends these requests (engine ids): each sink still in flight gets on_closed(kAborted), and
   // each engine one ABORT with its ids. Unknown and finished ids are ignored.
   virtual void abort(std::vector<std::string> request_ids) = 0;

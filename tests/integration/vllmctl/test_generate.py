@@ -56,6 +56,23 @@ class GenerateTest(CtlTestCase):
         self.assertEqual([t for e in events for t in e["choices"][0]["token_ids"]], expected)
         self.assertEqual(events[-1]["choices"][0]["finish_reason"], "length")
 
+    def test_n_prints_each_choice_with_its_index_plain_and_streamed(self):
+        _, engine = self.start_external()
+        result = self.assert_ok(self.ctl("generate", "--tokens", "1 2", "--max-tokens", "4",
+                                         "--seed", "7", "--n", "3"))
+        lines = result.stdout.splitlines()
+        self.assertEqual(lines, [f"{i}: " + " ".join(map(str, ref_tokens.tokens([1, 2], 4, 7 + i)))
+                                 for i in range(3)])
+        self.assertIn("12 token(s), finish_reason length", result.stderr)
+        self.assertEqual(sorted(sampling["seed"] for sampling in adds(engine)), [7, 8, 9])
+        result = self.assert_ok(self.ctl("generate", "--tokens", "1 2", "--max-tokens", "4",
+                                         "--seed", "7", "--n", "2", "--stream"))
+        streamed = {0: [], 1: []}
+        for line in result.stdout.splitlines():
+            index, ids = line.split(":")
+            streamed[int(index)] += [int(t) for t in ids.split()]
+        self.assertEqual(streamed, {i: ref_tokens.tokens([1, 2], 4, 7 + i) for i in range(2)})
+
     def test_exit_codes(self):
         _, engine = self.start_external("--inject-fail", "generate")
         self.assert_exit(self.ctl("generate"), 64, "--tokens IDS or --input FILE")

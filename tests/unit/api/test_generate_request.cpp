@@ -201,8 +201,9 @@ TEST_CASE("/v1/completions: the sampling keys at the top level, lowered the same
       R"("vllm_xargs":{"x":1},"stream":true,"stream_options":{"include_usage":true}})",
       qwen());
   if (!parsed) FAIL(parsed.error().body());
-  const GenerateRequest& request = parsed->request;
-  CHECK(request.token_ids == std::vector<std::int64_t>{5, 6, 7});  // [[...]]: one prompt
+  REQUIRE(parsed->prompts.size() == 1);  // [[...]]: one prompt
+  const GenerateRequest& request = parsed->prompts[0];
+  CHECK(request.token_ids == std::vector<std::int64_t>{5, 6, 7});
   CHECK(parsed->return_token_ids);
   CHECK(request.stream);
   CHECK(request.include_usage);
@@ -227,4 +228,34 @@ TEST_CASE("/v1/completions: the sampling keys at the top level, lowered the same
   CHECK(error(R"({"prompt":[200000]})").param == "prompt");  // past the vocabulary
   CHECK(error(R"({"prompt":[1],"echo":false,"suffix":null,"logprobs":21})").param ==
         "logprobs");  // echo false and a null suffix are no refusal; 21 > max_logprobs
+  CHECK(error(R"({"prompt":[[1],[2,-1]]})").param == "prompt");
+  CHECK(error(R"({"prompt":[[1],7]})").param == "prompt");
+  CHECK(error(R"({"prompt":[1],"n":257})").param == "n");
+  CHECK(error(R"({"prompt":[[1],[2],[3],[4],[5]],"n":1000})").param == "n");
+  CHECK(error(R"({"prompt":[[1],[2],[3],[4],[5],[6],[7],[8],[9],[10],[11],[12],[13],[14],)"
+              R"([15],[16],[17]],"n":256})")
+            .param == "prompt");  // 17 x 256 choices > 4096
+}
+
+TEST_CASE("/v1/completions: a batch is one request per prompt, each lowered for its length") {
+  auto model = qwen();
+  model.max_model_len = 10;
+  auto parsed = vllmd::api::parse_completion_request(
+      R"({"prompt":[[1,2,3],[4,5,6,7,8,9]],"n":3,"seed":4,"temperature":0.5})", model);
+  if (!parsed) FAIL(parsed.error().body());
+  REQUIRE(parsed->prompts.size() == 2);
+  CHECK(parsed->prompts[0].token_ids == std::vector<std::int64_t>{1, 2, 3});
+  CHECK(parsed->prompts[1].token_ids == std::vector<std::int64_t>{4, 5, 6, 7, 8, 9});
+  for (const GenerateRequest& prompt : parsed->prompts) {
+    CHECK(prompt.n == 3);
+    CHECK(prompt.sampling.seed == 4);
+    CHECK(prompt.sampling.temperature == 0.5);
+  }
+  // max_tokens is what each prompt leaves of the context.
+  CHECK(parsed->prompts[0].sampling.max_tokens == 7);
+  CHECK(parsed->prompts[1].sampling.max_tokens == 4);
+  auto too_long =
+      vllmd::api::parse_completion_request(R"({"prompt":[[1],[1,2,3,4,5,6,7,8,9,10]]})", model);
+  REQUIRE_FALSE(too_long.has_value());
+  CHECK(too_long.error().param == "prompt");
 }

@@ -28,6 +28,9 @@ class RecordingRequests final : public engine::EngineRequests {
   void generate(engine::Generation generation) override {
     generations.push_back(std::move(generation));
   }
+  void generate_all(std::vector<engine::Generation> all) override {
+    for (auto& generation : all) generations.push_back(std::move(generation));
+  }
   void abort(std::vector<std::string> request_ids) override {
     aborts.insert(aborts.end(), request_ids.begin(), request_ids.end());
   }
@@ -361,4 +364,58 @@ TEST_CASE("abort_all ends every generation in flight") {
   f.call(api::Operation::kGenerate, std::string(kPlain));
   CHECK(f.service.abort_all() == 2);
   CHECK(f.requests.aborts.size() == 2);
+}
+
+TEST_CASE("n > 1: one engine request per choice, followers of the first, one answer") {
+  Fixture f;
+  f.call(api::Operation::kGenerate,
+         R"({"token_ids":[5,6],"sampling_params":{"max_tokens":4,"n":3,"seed":10}})", "g");
+  REQUIRE(f.requests.generations.size() == 3);
+  for (std::size_t j = 0; j < 3; ++j) {
+    const engine::Generation& generation = f.requests.generations[j];
+    CHECK(generation.follows_previous == (j > 0));
+    CHECK(generation.request.sampling_params->seed == static_cast<std::int64_t>(10 + j));
+    CHECK(generation.request.external_req_id == std::to_string(j) + "_generate-tokens-g");
+  }
+  CHECK(f.service.in_flight() == 1);  // one answer in flight, not three
+  // The choices end out of order; the answer waits for all and lists them by index.
+  f.step(2, tokens({30}, wire::FinishReason::kLength));
+  f.step(0, tokens({10, 11}, wire::FinishReason::kStop));
+  CHECK(f.responses.empty());
+  f.step(1, tokens({20}, wire::FinishReason::kLength));
+  REQUIRE(f.responses.size() == 1);
+  const std::string& body = f.responses[0].body;
+  const auto at = [&](std::string_view text) { return body.find(text); };
+  CHECK(at(R"("index":0)") < at(R"("index":1)"));
+  CHECK(at(R"("index":1)") < at(R"("index":2)"));
+  CHECK(at(R"("token_ids":[10,11])") < at(R"("token_ids":[20])"));
+  CHECK(at(R"("prompt_tokens":2,"total_tokens":6,"completion_tokens":4)") != std::string::npos);
+  CHECK(f.responses[0].tokens == 4);
+  CHECK(f.service.in_flight() == 0);
+}
+
+TEST_CASE("n > 1: the first choice that fails ends the answer once and aborts the others") {
+  Fixture f;
+  auto stream = f.call(api::Operation::kGenerate,
+                       R"({"token_ids":[5],"sampling_params":{"max_tokens":4,"n":2},)"
+                       R"("stream":true})");
+  REQUIRE(f.requests.generations.size() == 2);
+  f.requests.generations[0].sink->on_sent(0);
+  CHECK(stream->head == "200 text/event-stream");
+  f.step(0, tokens({7}));
+  // The second was never sent (its leader's engine went away meanwhile).
+  f.requests.generations[1].sink->on_closed(engine::Closed::kRefused, "no engine is ready");
+  REQUIRE(f.responses.size() == 1);
+  CHECK(f.responses[0].streamed);
+  CHECK(f.responses[0].status == 503);
+  REQUIRE(stream->events.size() == 2);
+  CHECK(stream->events[1].find("no engine is ready") != std::string::npos);
+  CHECK(stream->events[1].find("data: [DONE]") != std::string::npos);
+  CHECK(f.requests.aborts.size() == 2);
+  // The other choice says nothing more, whatever its engine still sends.
+  f.step(0, tokens({8}, wire::FinishReason::kLength));
+  f.requests.generations[0].sink->on_closed(engine::Closed::kAborted, "");
+  CHECK(f.responses.size() == 1);
+  CHECK(stream->events.size() == 2);
+  CHECK(f.service.in_flight() == 0);
 }
