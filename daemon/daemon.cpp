@@ -162,7 +162,8 @@ void print_routes() {
 
 api::Response render_metrics(const Metrics& metrics, Engines& engines, const HttpServer& server,
                              const util::Executor& executor, const api::WeightSyncService& service,
-                             const api::GenerationService& generation) {
+                             const api::GenerationService& generation,
+                             std::string_view model_name) {
   const http::ServerStats stats = server.stats();
   const ConnectionGauges connections{stats.connections, stats.handling,
                                      static_cast<int>(executor.queued()), stats.refused,
@@ -170,7 +171,8 @@ api::Response render_metrics(const Metrics& metrics, Engines& engines, const Htt
   api::Response response;
   response.content_type = "text/plain; version=0.0.4; charset=utf-8";
   response.body = metrics.render(engines.client().engines(), engines.client().pending_calls(),
-                                 connections, service.sleep_states(), generation.in_flight());
+                                 connections, service.sleep_states(), generation.in_flight(),
+                                 engines.client().loads(), model_name);
   return response;
 }
 
@@ -365,17 +367,17 @@ class Daemon {
           return answers_health(self_check) && executor_->responsive(std::chrono::seconds(2));
         });
     notifier_->start();
-    service_->set_daemon_hooks({.metrics =
-                                    [this] {
-                                      return render_metrics(metrics_, *engines_, *server_,
-                                                            *executor_, *service_, *generation_);
-                                    },
-                                .reload = [this] { return reload_all(); },
-                                .server_info =
-                                    [this](bool json_config) {
-                                      return server_info(config_, engines_->client().engines(),
-                                                         json_config);
-                                    }});
+    service_->set_daemon_hooks(
+        {.metrics =
+             [this] {
+               return render_metrics(metrics_, *engines_, *server_, *executor_, *service_,
+                                     *generation_, config_.served_model_name);
+             },
+         .reload = [this] { return reload_all(); },
+         .server_info =
+             [this](bool json_config) {
+               return server_info(config_, engines_->client().engines(), json_config);
+             }});
   }
 
   // SIGHUP and POST /reload (vllmctl reload, for ExecReload=) take this path, one at a time.

@@ -56,7 +56,9 @@ void Metrics::count_request(const api::Route* route, int status) {
   ++requests_[{index, status}];
 }
 
-void Metrics::generation_finished(std::int64_t tokens, std::optional<double> first_token_seconds) {
+void Metrics::generation_finished(std::int64_t tokens, std::optional<double> first_token_seconds,
+                                  const std::vector<api::ChoiceStats>& choices) {
+  generation_.record(choices);
   std::lock_guard lock(mutex_);
   generation_tokens_ += static_cast<std::uint64_t>(tokens);
   if (!first_token_seconds) return;
@@ -222,9 +224,11 @@ void write_sleep_states(std::ostream& out, const std::vector<std::string_view>& 
 std::string Metrics::render(const std::vector<engine::EngineStatus>& engines,
                             std::size_t pending_calls, const ConnectionGauges& connections,
                             const std::vector<std::string_view>& sleep_states,
-                            std::size_t generations) const {
+                            std::size_t generations, const std::vector<engine::EngineLoad>& loads,
+                            std::string_view model_name) const {
   std::ostringstream out;
   out.precision(9);
+  generation_.write(out, loads, model_name);
   std::lock_guard lock(mutex_);
   write_operations(out);
   write_sleep_states(out, sleep_states);

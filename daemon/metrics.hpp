@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/engine/client.hpp"
+#include "daemon/generation_metrics.hpp"
 
 namespace vllmd::api {
 struct Route;
@@ -44,14 +45,16 @@ class Metrics {
   // `route`: the table's row, or nullptr for a path outside the table.
   void count_request(const api::Route* route, int status);
   // A generation ended (answered, failed or left): its tokens and, once one came, the time
-  // from its request to its first token.
-  void generation_finished(std::int64_t tokens, std::optional<double> first_token_seconds);
+  // from its request to its first token; and each of its engine requests.
+  void generation_finished(std::int64_t tokens, std::optional<double> first_token_seconds,
+                           const std::vector<api::ChoiceStats>& choices);
   // `sleep_states`: by rank, as api::WeightSyncService::sleep_states gives them.
-  // `generations`: in flight now.
+  // `generations`: in flight now. `loads` and `model_name`: for vLLM's generation metrics.
   std::string render(const std::vector<engine::EngineStatus>& engines, std::size_t pending_calls,
                      const ConnectionGauges& connections,
                      const std::vector<std::string_view>& sleep_states = {},
-                     std::size_t generations = 0) const;
+                     std::size_t generations = 0, const std::vector<engine::EngineLoad>& loads = {},
+                     std::string_view model_name = {}) const;
 
   // Time to first token, seconds (vLLM's buckets up to 10 s); +Inf is implied.
   static constexpr std::array<double, 16> kFirstTokenBuckets = {
@@ -81,6 +84,7 @@ class Metrics {
   std::array<std::uint64_t, kFirstTokenBuckets.size()> first_token_buckets_{};  // non-cumulative
   std::uint64_t first_token_count_ = 0;
   double first_token_sum_ = 0;
+  GenerationMetrics generation_;  // locks on its own
 };
 
 }  // namespace vllmd::daemon

@@ -214,7 +214,7 @@ void Router::answer(const RouteMatch& match, http::Exchange& exchange, api::Resp
   const double total = milliseconds(now - request.head_at);
   const double read = milliseconds(request.body_at - request.head_at);
   const double engine = reply.engine_seconds * 1e3;
-  const Generated generated{reply.tokens, reply.first_token_seconds};
+  const Generated generated{reply.tokens, reply.first_token_seconds, std::move(reply.choices)};
   if (reply.streamed || reply.status == api::kClientClosedRequest) {
     // The answer went out as a stream (or nowhere): log it once, then end it.
     record(match.peer, match.route->method, match.route->path, match.route, reply.status, total,
@@ -249,7 +249,8 @@ void Router::record(const std::optional<util::IpAddress>& peer, std::string_view
   if (context_.metrics != nullptr) {
     context_.metrics->count_request(route, status);
     if (generation) {
-      context_.metrics->generation_finished(generated.tokens, generated.first_token_seconds);
+      context_.metrics->generation_finished(generated.tokens, generated.first_token_seconds,
+                                            generated.choices);
     }
   }
   if (!util::log::enabled(util::log::Level::kInfo)) return;

@@ -21,6 +21,7 @@ struct RouteMatch;
 struct Generated {
   std::int64_t tokens = 0;
   std::optional<double> first_token_seconds;
+  std::vector<api::ChoiceStats> choices;
 };
 
 class Router {

@@ -7,7 +7,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "common/api/generation_stats.hpp"
 #include "common/api/request.hpp"
 #include "common/wire/json_to_msgpack.hpp"
 
@@ -25,6 +27,7 @@ struct Response {
   bool streamed = false;
   std::int64_t tokens = 0;
   std::optional<double> first_token_seconds = std::nullopt;
+  std::vector<ChoiceStats> choices = {};  // a generation's engine requests, for /metrics
 };
 
 // The way back to the client beyond one Response: a streamed answer, and the news that

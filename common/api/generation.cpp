@@ -252,7 +252,7 @@ void GenerationService::finished(const std::string& request_id) {
   in_flight_.erase(request_id);
 }
 
-std::size_t GenerationService::abort_known(const std::vector<std::string>& ids) {
+std::size_t GenerationService::abort_known(const std::vector<std::string>& ids, AbortCause cause) {
   std::vector<std::shared_ptr<InFlightAnswer>> found;
   {
     std::lock_guard lock(mutex_);
@@ -269,7 +269,7 @@ std::size_t GenerationService::abort_known(const std::vector<std::string>& ids) 
   }
   std::vector<std::string> engine_ids;
   engine_ids.reserve(found.size());
-  for (const auto& answer : found) answer->append_engine_ids(engine_ids);
+  for (const auto& answer : found) answer->abort_with(cause, engine_ids);
   requests_.abort(std::move(engine_ids));
   return found.size();
 }
@@ -277,12 +277,12 @@ std::size_t GenerationService::abort_known(const std::vector<std::string>& ids) 
 void GenerationService::abort_requests(const CallPtr& call, const Done& done) {
   auto ids = abort_ids(*call);
   if (!ids) return done(error_response(ids.error()));
-  const std::size_t aborted = abort_known(*ids);
+  const std::size_t aborted = abort_known(*ids, AbortCause::kAbortRequests);
   done(Response{200, R"({"status":"aborted","aborted":)" + std::to_string(aborted) + "}"});
 }
 
 std::size_t GenerationService::abort_all() {
-  const std::size_t aborted = abort_known({});
+  const std::size_t aborted = abort_known({}, AbortCause::kShutdown);
   if (aborted > 0) util::log::notice("aborting ", aborted, " generation(s) in flight");
   return aborted;
 }

@@ -74,7 +74,7 @@ class GenerationService {
              const Shape& shape, const ModelInfo& model,
              std::chrono::steady_clock::time_point started);
   // Aborts these requests (ids as clients know them); how many were in flight.
-  std::size_t abort_known(const std::vector<std::string>& ids);
+  std::size_t abort_known(const std::vector<std::string>& ids, AbortCause cause);
 
   engine::EngineRequests& requests_;
   const engine::EngineCalls& engines_;

@@ -100,11 +100,50 @@ Rollout::Rollout(GenerationService& service, engine::EngineRequests& requests, R
       done_(std::move(done)) {}
 
 void Rollout::cancel() {
+  mark_aborted(AbortCause::kClientGone);
   client_gone_ = true;
   requests_.abort({setup_.engine_id});
 }
 
-void Rollout::on_sent(int /*rank*/) {
+void Rollout::abort_with(AbortCause cause, std::vector<std::string>& engine_ids) {
+  mark_aborted(cause);
+  engine_ids.push_back(setup_.engine_id);
+}
+
+void Rollout::mark_aborted(AbortCause cause) {
+  AbortCause none = AbortCause::kNone;
+  abort_cause_.compare_exchange_strong(none, cause);
+}
+
+std::optional<ChoiceStats> Rollout::silence() {
+  if (ended_) return std::nullopt;
+  ended_ = true;
+  mark_aborted(AbortCause::kChoiceFailed);
+  finished_reason_ = "abort";
+  return stats();
+}
+
+ChoiceStats Rollout::stats() const {
+  ChoiceStats stats;
+  stats.engine = rank_;
+  stats.prompt_tokens = setup_.prompt_tokens;
+  stats.generation_tokens = completion_tokens_;
+  stats.finished_reason = finished_reason_;
+  if (finished_reason_ == "abort") {
+    const AbortCause cause = abort_cause_.load();
+    stats.abort_cause = cause == AbortCause::kNone ? AbortCause::kEngine : cause;
+  }
+  if (first_token_at_ != Clock::time_point{}) {
+    stats.first_token_seconds =
+        std::chrono::duration<double>(first_token_at_ - setup_.started).count();
+  }
+  stats.e2e_seconds = std::chrono::duration<double>(Clock::now() - setup_.started).count();
+  stats.inter_token = inter_token_;
+  return stats;
+}
+
+void Rollout::on_sent(int rank) {
+  rank_ = rank;
   if (!setup_.stream || ended_) return;
   // The head goes once an engine took the request: a refusal before that is a plain 503.
   begin_stream();
@@ -132,7 +171,13 @@ void Rollout::take(const wire::OutputView& output) {
   }
   const std::size_t count = output.new_token_ids.size();
   if (count == 0) return;
-  if (first_token_at_ == Clock::time_point{}) first_token_at_ = Clock::now();
+  const Clock::time_point now = Clock::now();
+  if (first_token_at_ == Clock::time_point{}) {
+    first_token_at_ = now;
+  } else {
+    inter_token_.observe(std::chrono::duration<double>(now - last_output_at_).count());
+  }
+  last_output_at_ = now;
   if (versions_ != nullptr && versions_->epoch() != version_epoch_) label_version();
   for (const std::int64_t token : output.new_token_ids) tokens_.push_back(token);
   completion_tokens_ += static_cast<std::int64_t>(count);
@@ -184,6 +229,7 @@ void Rollout::on_output(const wire::OutputView& output) {
   // The client has not taken the last event: merge, unless too much waits for it.
   if (stream.backlog() + logprob_items_.size() + tokens_.size() * kBytesPerToken >
       setup_.stream_buffer_limit) {
+    mark_aborted(AbortCause::kSlowReader);
     client_gone_ = true;
     requests_.abort({setup_.engine_id});
     stream_->abort();
@@ -194,6 +240,7 @@ void Rollout::on_closed(engine::Closed why, std::string_view message) {
   if (ended_) return;
   if (client_gone_) {
     // Nobody reads the answer: only the access log hears of it.
+    finished_reason_ = "abort";
     Response gone{kClientClosedRequest, ""};
     gone.streamed = stream_open();
     return end(std::move(gone));
@@ -276,6 +323,7 @@ std::string Rollout::body(std::string_view finish_reason,
 }
 
 void Rollout::finish(std::string_view reason, std::optional<std::int64_t> stop_token) {
+  finished_reason_ = reason;
   if (!streaming_) {
     if (setup_.stream) {
       // Ended before any engine took it (an abort while queued): still a well-formed stream.
@@ -309,6 +357,7 @@ void Rollout::finish_choice(std::string_view reason, std::optional<std::int64_t>
   end.first_token_at = first_token_at_;
   end.prompt_logprob_rows = std::move(prompt_logprob_rows_);
   end.kv_transfer_params = std::move(kv_transfer_params_);
+  end.stats = stats();
   group_->choice_finished(std::move(end));
 }
 
@@ -317,6 +366,7 @@ bool Rollout::stream_open() const {
 }
 
 void Rollout::fail(const ApiError& error) {
+  finished_reason_ = "error";
   if (!stream_open()) return end(error_response(error));
   // Tokens already merged are not lost: they go out before the error.
   std::string events = tokens_.empty() ? std::string() : chunk(std::nullopt, std::nullopt);
@@ -336,6 +386,7 @@ void Rollout::end(Response response) {
     response.first_token_seconds =
         std::chrono::duration<double>(first_token_at_ - setup_.started).count();
   }
+  response.choices.push_back(stats());
   // A choice of several that fails, or whose client left, ends its whole answer.
   if (group_ != nullptr) return group_->end(std::move(response));
   Done done = std::move(done_);

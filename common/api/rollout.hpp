@@ -18,6 +18,7 @@
 #include "common/api/committed_version.hpp"
 #include "common/api/errors.hpp"
 #include "common/api/generation_render.hpp"
+#include "common/api/generation_stats.hpp"
 #include "common/engine/engine_requests.hpp"
 
 namespace vllmd::api {
@@ -35,8 +36,9 @@ class InFlightAnswer {
   InFlightAnswer& operator=(const InFlightAnswer&) = delete;
 
   virtual const std::string& request_id() const = 0;
-  // Any thread: the engine ids to abort for it.
-  virtual void append_engine_ids(std::vector<std::string>& ids) const = 0;
+  // Any thread: marks it aborted for `cause` (unless it already was) and appends the engine
+  // ids to abort.
+  virtual void abort_with(AbortCause cause, std::vector<std::string>& engine_ids) = 0;
   // Any thread. The client left: the engines stop, and nobody gets an answer.
   virtual void cancel() = 0;
 };
@@ -84,6 +86,7 @@ struct ChoiceEnd {
   std::chrono::steady_clock::time_point first_token_at{};
   std::string prompt_logprob_rows;
   std::string kv_transfer_params;
+  ChoiceStats stats;
 };
 
 class Rollout final : public engine::RequestSink, public InFlightAnswer {
@@ -97,11 +100,11 @@ class Rollout final : public engine::RequestSink, public InFlightAnswer {
 
   void cancel() override;
   const std::string& request_id() const override { return setup_.request_id; }
-  void append_engine_ids(std::vector<std::string>& ids) const override {
-    ids.push_back(setup_.engine_id);
-  }
-  // IO thread, for its group: it ended early, so this choice says nothing more.
-  void silence() { ended_ = true; }
+  void abort_with(AbortCause cause, std::vector<std::string>& engine_ids) override;
+  const std::string& engine_id() const { return setup_.engine_id; }
+  // IO thread, for its group, which ended early: this choice says nothing more. Its stats,
+  // unless it had ended already.
+  std::optional<ChoiceStats> silence();
 
  private:
   void take(const wire::OutputView& output);
@@ -119,6 +122,8 @@ class Rollout final : public engine::RequestSink, public InFlightAnswer {
   void write_delta();
   std::string body(std::string_view finish_reason, std::optional<std::int64_t> stop_token) const;
   Usage usage() const;
+  void mark_aborted(AbortCause cause);
+  ChoiceStats stats() const;
   void end(Response response);
 
   // IO thread, every engine step: first, on as few cache lines as they fit (thousands of
@@ -155,8 +160,13 @@ class Rollout final : public engine::RequestSink, public InFlightAnswer {
   std::string prompt_logprob_rows_;
   std::string kv_transfer_params_ = "null";
   std::int64_t cached_tokens_ = 0;
+  int rank_ = -1;  // the engine that took it
+  std::chrono::steady_clock::time_point last_output_at_{};
+  InterTokenLatency inter_token_;
+  std::string_view finished_reason_;
 
   std::atomic<bool> client_gone_{false};
+  std::atomic<AbortCause> abort_cause_{AbortCause::kNone};
 };
 
 }  // namespace vllmd::api

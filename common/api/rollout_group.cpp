@@ -9,19 +9,21 @@ namespace vllmd::api {
 RolloutGroup::RolloutGroup(GenerationService& service, engine::EngineRequests& requests,
                            RolloutSetup head, std::int64_t n, std::size_t choices, CallPtr call,
                            Done done)
-    : service_(service), requests_(requests), head_(std::move(head)), n_(n),
-      call_(std::move(call)), done_(std::move(done)), finished_(choices), left_(choices) {
+    : service_(service), requests_(requests), head_(std::move(head)), n_(n), call_(std::move(call)),
+      done_(std::move(done)), finished_(choices), has_finished_(choices, false), left_(choices) {
   choices_.reserve(choices);
   engine_ids_.reserve(choices);
 }
 
 void RolloutGroup::add(const std::shared_ptr<Rollout>& choice) {
   choices_.push_back(choice);
-  choice->append_engine_ids(engine_ids_);
+  engine_ids_.push_back(choice->engine_id());
 }
 
-void RolloutGroup::append_engine_ids(std::vector<std::string>& ids) const {
-  ids.insert(ids.end(), engine_ids_.begin(), engine_ids_.end());
+void RolloutGroup::abort_with(AbortCause cause, std::vector<std::string>& engine_ids) {
+  for (const auto& weak : choices_) {
+    if (auto choice = weak.lock()) choice->abort_with(cause, engine_ids);
+  }
 }
 
 void RolloutGroup::cancel() {
@@ -40,6 +42,7 @@ void RolloutGroup::choice_finished(ChoiceEnd end) {
   if (ended_) return;
   const auto index = static_cast<std::size_t>(end.index);
   finished_[index] = std::move(end);
+  has_finished_[index] = true;
   if (--left_ == 0) answer();
 }
 
@@ -72,10 +75,12 @@ void RolloutGroup::answer() {
     }
     // The generate route's prompt_logprobs are the first prompt's (it has only one).
     const ChoiceEnd& first = finished_.front();
-    response.body = answer_body(
-        head_, {choices, usage, first.prompt_logprob_rows, first.kv_transfer_params});
+    response.body =
+        answer_body(head_, {choices, usage, first.prompt_logprob_rows, first.kv_transfer_params});
   }
   response.tokens = usage.completion_tokens;
+  response.choices.reserve(finished_.size());
+  for (const ChoiceEnd& choice : finished_) response.choices.push_back(choice.stats);
   if (first_token != std::chrono::steady_clock::time_point::max()) {
     response.first_token_seconds =
         std::chrono::duration<double>(first_token - head_.started).count();
@@ -85,9 +90,14 @@ void RolloutGroup::answer() {
 
 void RolloutGroup::end(Response response) {
   if (ended_) return;
-  // The others say nothing more, and their engines stop.
+  // The others say nothing more, and their engines stop. /metrics hears of every choice.
+  for (std::size_t i = 0; i < finished_.size(); ++i) {
+    if (has_finished_[i]) response.choices.push_back(finished_[i].stats);
+  }
   for (const auto& weak : choices_) {
-    if (auto choice = weak.lock()) choice->silence();
+    if (auto choice = weak.lock()) {
+      if (auto stats = choice->silence()) response.choices.push_back(*stats);
+    }
   }
   requests_.abort(engine_ids_);
   finish(std::move(response));

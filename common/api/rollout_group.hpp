@@ -27,7 +27,7 @@ class RolloutGroup final : public InFlightAnswer {
   void add(const std::shared_ptr<Rollout>& choice);
 
   const std::string& request_id() const override { return head_.request_id; }
-  void append_engine_ids(std::vector<std::string>& ids) const override;
+  void abort_with(AbortCause cause, std::vector<std::string>& engine_ids) override;
   void cancel() override;
 
   // From its choices.
@@ -50,6 +50,7 @@ class RolloutGroup final : public InFlightAnswer {
   std::vector<std::weak_ptr<Rollout>> choices_;  // fixed once submitted: read by any thread
   std::vector<std::string> engine_ids_;          // likewise
   std::vector<ChoiceEnd> finished_;              // by index
+  std::vector<bool> has_finished_;               // likewise
   std::size_t left_;
   bool streaming_ = false;
   bool ended_ = false;
