@@ -10,7 +10,7 @@ import threading
 import time
 
 from harness import wait_until
-from test_generate import GENERATE, GenerateTestCase, body, records, sse_events
+from test_generate import GenerateTestCase, body, records, sse_events
 import ref_tokens
 
 COMPLETIONS = "/v1/completions"

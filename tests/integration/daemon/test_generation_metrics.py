@@ -7,7 +7,7 @@ import threading
 import time
 
 from harness import wait_until
-from test_generate import GenerateTestCase, body, records
+from test_generate import GenerateTestCase, body
 
 
 def labels(engine):

@@ -1,0 +1,138 @@
+"""What prime-rl and vime send, exactly, and every field they read, checked as each client checks
+it (rollout-clients.md §1.3 and §1.4 in the project's specs; SkyRL's n > 1 and prompt_logprobs
+are in test_choices.py, TRL's and AReaL's bodies in test_completions.py). Real vllmd and
+vllm-ref-engine processes; every token id is checked against the weights the engine holds."""
+
+import json
+import math
+import threading
+import time
+
+from test_generate import GenerateTestCase, records, sse_events
+import ref_tokens
+
+
+class PrimeRl(GenerateTestCase):
+    def test_renderer_rollout_with_a_top_k_head_passes_the_strict_check(self):
+        daemon, (engine,) = self.start()
+        prompt = [151, 152, 153, 154]
+        k = 3
+        # verifiers' train client through renderers: the config's keys, extra_body merged into
+        # sampling_params, the renderer's stop ids and logprobs k + 2 for the head.
+        sampling = {"temperature": 1.0, "top_p": 1.0, "logprobs": k + 2, "max_tokens": 8,
+                    "top_k": -1, "min_p": 0.0, "return_token_ids": True, "stop_token_ids": [2],
+                    "skip_special_tokens": False, "flat_logprobs": True, "detokenize": False,
+                    "seed": 11, "extra_args": {"prl_compact_logprobs": True}}
+        response = self.generate(daemon, {"model": "default", "token_ids": prompt,
+                                          "sampling_params": sampling},
+                                 headers={"X-Session-ID": "episode-3"})
+        self.assertEqual(response.status_code, 200, response.text)
+        answer = response.json()
+        choice = answer["choices"][0]
+        ids = choice["token_ids"]
+        expected = ref_tokens.tokens(prompt, 8, seed=11)
+        if 2 in expected:  # a stop id: the answer ends with it
+            expected = expected[:expected.index(2) + 1]
+        self.assertEqual(ids, expected)
+        # The newer renderers client's strict check, as it raises.
+        content = choice["logprobs"]["content"]
+        self.assertEqual(len(content), len(ids))
+        for item, token in zip(content, ids):
+            self.assertEqual(item["token"], f"token_id:{token}")
+            self.assertTrue(math.isfinite(item["logprob"]))
+            self.assertNotEqual(item["logprob"], -9999.0)
+            self.assertGreaterEqual(len(item["top_logprobs"]), k + 2)
+            for candidate in item["top_logprobs"]:
+                self.assertRegex(candidate["token"], r"^token_id:\d+$")
+                self.assertLessEqual(candidate["logprob"], 0)
+        self.assertTrue(answer["request_id"].startswith("generate-tokens-"))
+        self.assertEqual(answer["prompt_token_ids"], prompt)
+        usage = answer["usage"]
+        self.assertEqual((usage["prompt_tokens"], usage["completion_tokens"]),
+                         (4, len(ids)))
+        self.assertIn("cached_tokens", usage["prompt_tokens_details"])
+        self.assertIn(choice["finish_reason"], ("stop", "length"))
+        add, = records(engine, "ADD")
+        self.assertEqual(add["sampling_params"]["logprobs"], k + 2)
+
+    def test_scoring_with_prompt_logprobs_and_max_tokens_left_out(self):
+        daemon, (engine,) = self.start()
+        prompt = [5, 6, 7, 8, 9]
+        response = self.generate(daemon, {"model": "default", "token_ids": prompt,
+                                          "sampling_params": {"prompt_logprobs": 1,
+                                                              "max_tokens": 1,
+                                                              "temperature": 1.0}})
+        self.assertEqual(response.status_code, 200, response.text)
+        rows = response.json()["prompt_logprobs"]
+        self.assertEqual(len(rows), len(prompt))
+        self.assertIsNone(rows[0])
+        for position, row in enumerate(rows[1:], start=1):
+            self.assertTrue(math.isfinite(row[str(prompt[position])]["logprob"]))
+
+
+class Vime(GenerateTestCase):
+    def stream(self, daemon, payload, into):
+        with self.generate(daemon, payload, stream=True, headers={"x-session-id": "s1"}) as r:
+            into["status"] = r.status_code
+            into["events"] = sse_events(r)
+
+    @staticmethod
+    def read_stream(events):
+        """vime's streaming rollout: token deltas, logprobs, finish_reason and the usage chunk."""
+        tokens, logprobs, finish, usage = [], [], None, None
+        for event in events:
+            if event == "[DONE]":
+                break
+            chunk = json.loads(event)
+            if not chunk["choices"]:
+                usage = chunk["usage"]
+                continue
+            choice = chunk["choices"][0]
+            tokens += choice["token_ids"]
+            if choice["logprobs"]:
+                logprobs += [item["logprob"] for item in choice["logprobs"]["content"]]
+            finish = choice["finish_reason"] or finish
+        return tokens, logprobs, finish, usage
+
+    def test_streaming_rollout_and_its_abort_by_pause_loop_resending_the_prefix(self):
+        daemon, (engine,) = self.start(engine_flags=["--step-ms", "20"])
+        prompt = [41, 42, 43]
+        budget = 200
+
+        def payload(token_ids, max_tokens):
+            return {"model": "default", "token_ids": token_ids, "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "sampling_params": {"max_tokens": max_tokens, "temperature": 1.0,
+                                        "top_p": 1.0, "logprobs": 1, "top_k": -1, "seed": 5,
+                                        "skip_special_tokens": False, "ignore_eos": True}}
+
+        first = {}
+        thread = threading.Thread(target=self.stream, args=(daemon, payload(prompt, budget), first))
+        thread.start()
+        self.wait_for(engine, "ADD")
+        time.sleep(0.3)  # some tokens
+        # vime's abort(): /pause?mode=abort with a {} body, wait for the tasks, /resume.
+        self.assertEqual(daemon.post("/pause", params={"mode": "abort"}, json={}).status_code, 200)
+        thread.join(10)
+        self.assertEqual(daemon.post("/resume", json={}).status_code, 200)
+        self.assertEqual(first["status"], 200)
+        self.assertEqual(first["events"][-1], "[DONE]")
+        partial, logprobs, finish, usage = self.read_stream(first["events"])
+        self.assertEqual(finish, "abort")
+        self.assertGreater(len(partial), 0)
+        self.assertLess(len(partial), budget)
+        self.assertEqual(len(logprobs), len(partial))
+        self.assertEqual(partial, ref_tokens.tokens(prompt, len(partial), seed=5))
+        self.assertEqual((usage["prompt_tokens"], usage["completion_tokens"]), (3, len(partial)))
+        # The partial rollout goes on: the whole prefix resent, with what is left of the budget.
+        rest = budget - len(partial)
+        second = {}
+        self.stream(daemon, payload(prompt + partial, rest), second)
+        tokens, logprobs, finish, usage = self.read_stream(second["events"])
+        self.assertEqual(finish, "length")
+        self.assertEqual(tokens, ref_tokens.tokens(prompt + partial, rest, seed=5))
+        self.assertEqual(len(logprobs), rest)
+        self.assertEqual(usage["prompt_tokens"], len(prompt) + len(partial))
+        self.assertEqual(len(partial) + len(tokens), budget)
+        adds = records(engine, "ADD")
+        self.assertEqual(adds[1]["prompt_token_ids"], prompt + partial)
