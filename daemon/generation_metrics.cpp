@@ -107,8 +107,7 @@ void GenerationMetrics::write(std::ostream& out, const std::vector<engine::Engin
           [](const PerEngine& engine) { return engine.prompt_tokens; });
   counter("vllm:generation_tokens_total", "Tokens generated for the requests that ended.",
           [](const PerEngine& engine) { return engine.generation_tokens; });
-  header(out, "vllm:request_success_total", "counter",
-         "Requests that ended, by finished reason.");
+  header(out, "vllm:request_success_total", "counter", "Requests that ended, by finished reason.");
   for (const engine::EngineLoad& load : loads) {
     const PerEngine engine = per_engine(load.rank);
     for (std::size_t i = 0; i < kFinishedReasons.size(); ++i) {
@@ -120,8 +119,8 @@ void GenerationMetrics::write(std::ostream& out, const std::vector<engine::Engin
          "From a request's arrival at vllmd to its first token.");
   for (const engine::EngineLoad& load : loads) {
     const auto& h = per_engine(load.rank).first_token;
-    write_histogram(out, "vllm:time_to_first_token_seconds", labels(load.rank),
-                    kFirstTokenBuckets, h.buckets, h.count, h.sum);
+    write_histogram(out, "vllm:time_to_first_token_seconds", labels(load.rank), kFirstTokenBuckets,
+                    h.buckets, h.count, h.sum);
   }
   header(out, "vllm:inter_token_latency_seconds", "histogram",
          "Between a request's consecutive outputs with tokens.");
@@ -138,7 +137,7 @@ void GenerationMetrics::write(std::ostream& out, const std::vector<engine::Engin
                     h.buckets, h.count, h.sum);
   }
   header(out, "vllmd_engine_requests_in_flight", "gauge",
-          "Generation requests vllmd sent to each engine and not yet ended.");
+         "Generation requests vllmd sent to each engine and not yet ended.");
   for (const engine::EngineLoad& load : loads) {
     out << "vllmd_engine_requests_in_flight{engine=\"" << load.rank << "\"} "
         << load.requests_in_flight << "\n";

@@ -22,15 +22,14 @@ enum class AbortCause : std::uint8_t {
   kChoiceFailed,   // another choice of its answer failed
 };
 inline constexpr std::array<std::string_view, 7> kAbortCauseNames = {
-    "none",           "engine",   "client_gone",  "slow_reader",
-    "abort_requests", "shutdown", "choice_failed"};
+    "none", "engine", "client_gone", "slow_reader", "abort_requests", "shutdown", "choice_failed"};
 inline std::string_view abort_cause_name(AbortCause cause) {
   return kAbortCauseNames[static_cast<std::size_t>(cause)];
 }
 
 // vLLM's inter-token latency buckets, seconds; +Inf is implied.
 inline constexpr std::array<double, 19> kInterTokenBuckets = {
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
     0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
 
 // Gaps between a request's outputs, binned as they come.
