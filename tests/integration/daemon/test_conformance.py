@@ -1,5 +1,5 @@
 """What prime-rl and vime send, exactly, and every field they read, checked as each client checks
-it (rollout-clients.md §1.3 and §1.4 in the project's specs; SkyRL's n > 1 and prompt_logprobs
+it (the project's spec of the RL clients, prime-rl's and vime's sections; SkyRL's n > 1 and prompt_logprobs
 are in test_choices.py, TRL's and AReaL's bodies in test_completions.py). Real vllmd and
 vllm-ref-engine processes; every token id is checked against the weights the engine holds."""
 
