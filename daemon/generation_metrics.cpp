@@ -115,27 +115,26 @@ void GenerationMetrics::write(std::ostream& out, const std::vector<engine::Engin
           << kFinishedReasons[i] << "\"} " << engine.finished[i] << "\n";
     }
   }
-  header(out, "vllm:time_to_first_token_seconds", "histogram",
-         "From a request's arrival at vllmd to its first token.");
-  for (const engine::EngineLoad& load : loads) {
-    const auto& h = per_engine(load.rank).first_token;
-    write_histogram(out, "vllm:time_to_first_token_seconds", labels(load.rank), kFirstTokenBuckets,
-                    h.buckets, h.count, h.sum);
-  }
-  header(out, "vllm:inter_token_latency_seconds", "histogram",
-         "Between a request's consecutive outputs with tokens.");
-  for (const engine::EngineLoad& load : loads) {
-    const auto& h = per_engine(load.rank).inter_token;
-    write_histogram(out, "vllm:inter_token_latency_seconds", labels(load.rank),
-                    api::kInterTokenBuckets, h.buckets, h.count, h.sum);
-  }
-  header(out, "vllm:e2e_request_latency_seconds", "histogram",
-         "From a request's arrival at vllmd to its end.");
-  for (const engine::EngineLoad& load : loads) {
-    const auto& h = per_engine(load.rank).end_to_end;
-    write_histogram(out, "vllm:e2e_request_latency_seconds", labels(load.rank), kEndToEndBuckets,
-                    h.buckets, h.count, h.sum);
-  }
+  const auto histograms = [&](std::string_view name, std::string_view help, const auto& bounds,
+                              auto of) {
+    header(out, name, "histogram", help);
+    for (const engine::EngineLoad& load : loads) {
+      const PerEngine engine = per_engine(load.rank);
+      const auto& h = of(engine);
+      write_histogram(out, name, labels(load.rank), bounds, h.buckets, h.count, h.sum);
+    }
+  };
+  histograms(
+      "vllm:time_to_first_token_seconds", "From a request's arrival at vllmd to its first token.",
+      kFirstTokenBuckets,
+      [](const PerEngine& engine) -> const auto& { return engine.first_token; });
+  histograms(
+      "vllm:inter_token_latency_seconds", "Between a request's consecutive outputs with tokens.",
+      api::kInterTokenBuckets,
+      [](const PerEngine& engine) -> const auto& { return engine.inter_token; });
+  histograms(
+      "vllm:e2e_request_latency_seconds", "From a request's arrival at vllmd to its end.",
+      kEndToEndBuckets, [](const PerEngine& engine) -> const auto& { return engine.end_to_end; });
   header(out, "vllmd_engine_requests_in_flight", "gauge",
          "Generation requests vllmd sent to each engine and not yet ended.");
   for (const engine::EngineLoad& load : loads) {
