@@ -309,12 +309,15 @@ class Disconnects(GenerateTestCase):
             done.set()
             sampler.join()
             client.close()
-        # At most the 8 MiB limit of merged deltas and unsent bytes, plus allocator slack.
-        # Under ASan freed memory sits in its quarantine (256 MiB) instead of being reused, so
-        # RSS says nothing there; the cut above is still checked.
+        # At most the 8 MiB limit of merged deltas and unsent bytes, plus what ZeroMQ holds
+        # for vllmd when its IO thread lags this 1 ms engine (the output socket's receive queue,
+        # at most its high-water mark of 1,000 steps of 64 tokens with 21 logprobs each), plus
+        # allocator slack: 13-15 MiB alone, 39-40 MiB under ctest -j8 on 2 cores, 975 MiB
+        # without the limit. Under ASan freed memory sits in its quarantine (256 MiB) instead of
+        # being reused, so RSS says nothing there; the cut above is still checked.
         if "ASAN_OPTIONS" not in os.environ:
             grown = peak[0] - rss_before
-            self.assertLess(grown, 24 << 20, f"RSS grew by {grown >> 20} MiB")
+            self.assertLess(grown, 64 << 20, f"RSS grew by {grown >> 20} MiB")
 
 
 def daemon_rss(daemon):
