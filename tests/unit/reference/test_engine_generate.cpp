@@ -155,14 +155,21 @@ TEST_SUITE("reference_engine_generate") {
 
   TEST_CASE("after an ABORT the request gets no further output") {
     ConnectedEngine test(fast());
-    add(test.frontend, "keep", max_tokens(30));
-    add(test.frontend, "drop", max_tokens(30));
+    add(test.frontend, "keep", max_tokens(1000));
+    add(test.frontend, "drop", max_tokens(1000));
     REQUIRE(next_message(test.frontend));
     const std::vector<std::string> ids = {"drop"};
     Frontend::send(test.frontend.input,
                    {test.frontend.identity, std::string(1, '\x01'), wire::encode_abort(ids)});
-    // Outputs already on their way may still name it; after a few steps it is gone.
-    for (int i = 0; i < 3; ++i) REQUIRE(next_message(test.frontend));
+    // Outputs stepped before the ABORT arrived still name it (on a loaded machine that can be
+    // many 1 ms steps); once a step leaves it out, no later step names it.
+    bool gone = false;
+    for (int i = 0; i < 900 && !gone; ++i) {
+      auto message = next_message(test.frontend);
+      REQUIRE(message);
+      gone = message->decoded.outputs.size() == 1;
+    }
+    REQUIRE(gone);
     for (int i = 0; i < 5; ++i) {
       auto message = next_message(test.frontend);
       REQUIRE(message);
@@ -177,7 +184,7 @@ TEST_SUITE("reference_engine_generate") {
     REQUIRE(next_message(test.frontend));
     test.frontend.call(1, "pause_scheduler", R"(["abort",false])");
     bool aborted = false;
-    for (int i = 0; i < 50; ++i) {
+    for (int i = 0; i < 1000; ++i) {  // steps until the pause arrives, then its reply
       auto message = next_message(test.frontend);
       REQUIRE(message);
       if (message->decoded.utility_output) {
@@ -220,20 +227,28 @@ TEST_SUITE("reference_engine_generate") {
 
     test.frontend.call(2, "resume_scheduler", "[]");
     test.frontend.reply();
-    add(test.frontend, "k", max_tokens(4));
+    add(test.frontend, "k", max_tokens(1000));
     REQUIRE(next_message(test.frontend));
     test.frontend.call(3, "pause_scheduler", R"(["keep",false])");
-    // The reply comes at once (perhaps behind one step); then nothing steps.
-    for (int i = 0; i < 3; ++i) {
+    // The reply comes behind the steps run before the pause arrived (many 1 ms steps on a
+    // loaded machine, so "k" is long enough to outlast them); then nothing steps.
+    std::size_t tokens_before_pause = 1;
+    bool replied = false;
+    while (!replied) {
       auto message = next_message(test.frontend);
       REQUIRE(message);
-      if (message->decoded.utility_output) break;
+      replied = message->decoded.utility_output.has_value();
+      for (const auto& output : message->decoded.outputs) {
+        REQUIRE_FALSE(output.finish_reason);  // frozen, not finished
+        tokens_before_pause += output.new_token_ids.size();
+      }
     }
     CHECK_FALSE(Frontend::receive(test.frontend.output, 100ms));
     test.frontend.call(4, "resume_scheduler", "[]");
     test.frontend.reply();
-    const Stream rest = collect(test.frontend, "k");
+    const Stream rest = collect(test.frontend, "k", 1000);
     CHECK(rest.finish_reason == static_cast<std::int64_t>(wire::FinishReason::kLength));
+    CHECK(tokens_before_pause + rest.tokens.size() == 1000);  // none lost across the pause
   }
 
   TEST_CASE("--inject-fail generate ends requests with finish_reason error") {
