@@ -232,7 +232,8 @@ const wire::OutputsToSend& Scheduler::step(double timestamp) {
     for (Request& request : running_) {
       wire::OutputToSend& output = next_output();
       if (!request.logprobs) output.logprobs.reset();
-      if (request.started) output.prompt_logprobs.reset();
+      // A recycled output may hold an earlier request's prompt rows.
+      if (request.started || !request.prompt_logprobs) output.prompt_logprobs.reset();
       generate(request, output);
       if (output.finish_reason) finish(request.id);
     }

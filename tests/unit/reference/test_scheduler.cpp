@@ -254,6 +254,16 @@ TEST_SUITE("reference_scheduler") {
     CHECK_FALSE(find(scheduler.step(0), "p")->prompt_logprobs);
   }
 
+  TEST_CASE("a request without prompt logprobs gets none from a recycled output") {
+    Scheduler scheduler({});
+    wire::SamplingParams params = max_tokens(1);
+    params.prompt_logprobs = 1;
+    scheduler.add(request("first", params, {10, 20, 30}));
+    REQUIRE(find(scheduler.step(0), "first")->prompt_logprobs);  // and it finished
+    scheduler.add(request("second", max_tokens(1), {10, 20, 30}));
+    CHECK_FALSE(find(scheduler.step(0), "second")->prompt_logprobs);
+  }
+
   TEST_CASE("a client abort sends nothing; finished_requests names it when the set is on") {
     Scheduler scheduler({.include_finished_set = true});
     scheduler.add(request("a", max_tokens(10)));
