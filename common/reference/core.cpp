@@ -7,6 +7,7 @@
 #include "common/reference/tokens.hpp"
 #include "common/reference/worker.hpp"
 #include "common/util/fail.hpp"
+#include "common/util/log.hpp"
 #include "common/wire/msgpack_codec.hpp"
 
 namespace vllmd::reference {
@@ -111,6 +112,28 @@ void ReferenceCore::update_fingerprint() {
       weights_fingerprint(worker.weights, weight_version_, worker.sessions_finished));
 }
 
+void ReferenceCore::set_model(std::shared_ptr<LlamaModel> model) {
+  model_ = std::move(model);
+  scheduler_.set_model(model_.get());
+}
+
+// Every worker received the same full tensors (the reference engine does not shard them),
+// so the first worker's copy is the model's.
+void ReferenceCore::load_staged() {
+  WorkerState& first = workers_.front();
+  if (model_) {
+    for (const WorkerState::Staged& tensor : first.staged) {
+      // Checked on arrival; a failure here would be a bug, so it is loud.
+      if (auto loaded = model_->set_parameter(tensor.name, tensor.dtype, tensor.shape,
+                                              first.weights.at(tensor.name));
+          !loaded) {
+        util::log::error("reference engine ", sizes_.data_parallel_rank, ": ", loaded.error());
+      }
+    }
+  }
+  for (WorkerState& worker : workers_) worker.staged.clear();
+}
+
 WorkerContext ReferenceCore::worker_context(int rank) const {
   const int world_size = static_cast<int>(workers_.size());
   const int tp = std::max(1, sizes_.tensor_parallel_size);
@@ -122,6 +145,7 @@ WorkerContext ReferenceCore::worker_context(int rank) const {
   context.tp_rank = rank % tp;
   context.pcp_rank = (rank / tp) % pcp;
   context.pp_rank = rank / (tp * pcp);
+  context.model = model_.get();
   return context;
 }
 
@@ -210,7 +234,10 @@ ReferenceCore::Result ReferenceCore::collective_rpc(const std::string& qualname,
     if (value) returned.push_back(std::move(*value));
   }
   if (first_error) return fail(worker_error(*first_error));
-  if (worker_method == "finish_weight_update") update_fingerprint();
+  if (worker_method == "finish_weight_update") {
+    load_staged();
+    update_fingerprint();
+  }
   std::string list = pack(
       [&](wire::Packer& packer) { packer.pack_array(static_cast<std::uint32_t>(world_size)); });
   for (const std::string& value : returned) list += value;

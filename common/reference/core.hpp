@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/reference/llama.hpp"
 #include "common/reference/python_call.hpp"
 #include "common/reference/scheduler.hpp"
 
@@ -54,6 +55,14 @@ struct WorkerState {
   // The tcp backend: the connection to the trainer, and the tensors received, by name.
   std::shared_ptr<TcpReceiver> receiver;
   std::map<std::string, std::string> weights;
+  // With a model: the tensors of this session (bytes in `weights`), loaded into the model by
+  // finish_weight_update, dropped when the session fails.
+  struct Staged {
+    std::string name;
+    std::string dtype;
+    std::vector<std::int64_t> shape;
+  };
+  std::vector<Staged> staged;
 };
 
 class ReferenceCore {
@@ -77,6 +86,10 @@ class ReferenceCore {
   const ParallelSizes& sizes() const { return sizes_; }
   const std::vector<WorkerState>& workers() const { return workers_; }
   const std::string& weight_version() const { return weight_version_; }
+  // Generate from `model` (llama.hpp) instead of the token formula; weight updates over the
+  // tcp backend land in it when their session finishes.
+  void set_model(std::shared_ptr<LlamaModel> model);
+  const LlamaModel* model() const { return model_.get(); }
   bool paused() const { return scheduler_.paused(); }
   // The requests it generates for (ADD, ABORT and steps go straight to it); pause_scheduler,
   // sleep and wake_up pause and resume it, and weight updates give it their fingerprint.
@@ -120,6 +133,7 @@ class ReferenceCore {
   void warn(std::string_view text) const;
   void end_requests(const msgpack::object* mode);  // as a pause in `mode` ends them
   void update_fingerprint();  // after a finished weight-update session or a new version
+  void load_staged();         // a finished session's tensors into the model
 
   ParallelSizes sizes_;
   Backend backend_;
@@ -127,6 +141,7 @@ class ReferenceCore {
   std::vector<WorkerState> workers_;
   std::string weight_version_ = "default";
   Scheduler scheduler_;
+  std::shared_ptr<LlamaModel> model_;
   bool reply_when_idle_ = false;
   bool weights_asleep_ = false;
   bool kv_cache_asleep_ = false;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -75,6 +76,9 @@ struct ReferenceEngineOptions {
   std::size_t zero_copy_threshold = 256;
   std::string vllm_version = "0.0.0+reference";
   std::int64_t max_model_len = 4096;  // registered, as a real engine registers its model's
+  // The model to generate from (model_loader.hpp); none: the token formula. One engine's own:
+  // its forward pass keeps scratch buffers, so two engines must not share one.
+  std::shared_ptr<LlamaModel> model;
   Faults faults;
   std::function<void(const ReceivedCall&)> on_call;  // called before the call is handled
   std::function<void(const DpGroup&)> on_dp_group;   // called once the DP group formed

@@ -68,6 +68,11 @@ Scheduler::Request Scheduler::make_request(wire::EngineCoreRequest&& request) {
   if (made.eos && !contains(made.masked, *made.eos)) made.masked.push_back(*made.eos);
   made.logprobs = params.logprobs;
   made.prompt_logprobs = params.prompt_logprobs;
+  made.sampling.temperature = params.temperature.value_or(1.0);
+  made.sampling.top_p = params.top_p.value_or(1.0);
+  made.sampling.top_k = params.top_k.value_or(0);
+  made.sampling.min_p = params.min_p.value_or(0.0);
+  made.random = RandomStream(made.key);  // the seed's, or the request id's
   return made;
 }
 
@@ -155,11 +160,86 @@ void Scheduler::fill_prompt_logprobs(const Request& request, wire::OutputToSend&
   }
 }
 
-void Scheduler::generate(Request& request, wire::OutputToSend& output) {
+void Scheduler::set_model(const LlamaModel* model) {
+  model_ = model;
+  if (model_ == nullptr) return;
+  options_.vocab_size = model_->config().vocab_size;
+  logits_.resize(static_cast<std::size_t>(options_.vocab_size));
+  logprobs_.resize(logits_.size());
+}
+
+std::int64_t Scheduler::formula_token(Request& request, wire::OutputToSend& output) {
   if (request.epoch != epoch_) {
     request.base = token_base(fingerprint_, request.key, request.digest);
     request.epoch = epoch_;
   }
+  const std::int64_t t = request.generated;
+  std::int64_t token = token_at(request.base, t, options_.vocab_size);
+  if (t < request.min_tokens) {
+    for (std::size_t tries = 0; tries <= request.masked.size() && contains(request.masked, token);
+         ++tries) {
+      token = (token + 1) % options_.vocab_size;
+    }
+  }
+  if (request.logprobs) add_row(*output.logprobs, token, options_.vocab_size);
+  return token;
+}
+
+// A row from the model's logprobs: the token, its logprob and rank, then the top ones.
+void Scheduler::add_model_row(wire::LogprobRows& rows, std::int64_t token) {
+  rows.token_ids.push_back(token);
+  rows.logprobs.push_back(static_cast<float>(logprobs_[static_cast<std::size_t>(token)]));
+  rows.ranks.push_back(rank_of(logprobs_, token));
+  top_ids(logprobs_, rows.columns - 1, top_);
+  for (const std::int64_t id : top_) {
+    rows.token_ids.push_back(id);
+    rows.logprobs.push_back(static_cast<float>(logprobs_[static_cast<std::size_t>(id)]));
+  }
+  ++rows.rows;
+}
+
+// The prompt through the model: logits after its last token, and with prompt_logprobs a row
+// for every token after the first.
+void Scheduler::prefill(Request& request, wire::OutputToSend& output) {
+  if (request.prompt.empty()) request.prompt.push_back(0);  // vLLM refuses empty prompts
+  const bool rows = request.prompt_logprobs && request.prompt.size() > 1;
+  wire::LogprobRows* prompt_rows =
+      rows ? &reset_rows(output.prompt_logprobs,
+                         static_cast<std::size_t>(columns(*request.prompt_logprobs)))
+           : nullptr;
+  for (std::size_t i = 0; i < request.prompt.size(); ++i) {
+    const bool last = i + 1 == request.prompt.size();
+    model_->forward(
+        request.cache, request.prompt[i],
+        last || prompt_rows != nullptr ? std::span<double>(logits_) : std::span<double>{});
+    if (prompt_rows != nullptr && !last) {
+      log_softmax(logits_, logprobs_);
+      std::int64_t next = request.prompt[i + 1] % options_.vocab_size;
+      add_model_row(*prompt_rows, next < 0 ? next + options_.vocab_size : next);
+    }
+  }
+}
+
+std::int64_t Scheduler::model_token(Request& request, wire::OutputToSend& output) {
+  if (request.unfed) {
+    model_->forward(request.cache, *request.unfed, logits_);
+  } else {
+    prefill(request, output);
+  }
+  const std::span<const std::int64_t> banned = request.generated < request.min_tokens
+                                                   ? std::span<const std::int64_t>(request.masked)
+                                                   : std::span<const std::int64_t>{};
+  const std::int64_t token =
+      sample_token(logits_, request.sampling, banned, request.random, probs_);
+  if (request.logprobs) {
+    log_softmax(logits_, logprobs_);
+    add_model_row(*output.logprobs, token);
+  }
+  request.unfed = token;
+  return token;
+}
+
+void Scheduler::generate(Request& request, wire::OutputToSend& output) {
   output.request_id.assign(request.id);
   if (request.logprobs) {
     reset_rows(output.logprobs, static_cast<std::size_t>(columns(*request.logprobs)));
@@ -167,20 +247,13 @@ void Scheduler::generate(Request& request, wire::OutputToSend& output) {
   if (!request.started) {
     request.started = true;
     output.num_cached_tokens = 0;
-    fill_prompt_logprobs(request, output);
+    if (model_ == nullptr) fill_prompt_logprobs(request, output);
   }
   const auto prompt_length = static_cast<std::int64_t>(request.prompt.size());
   for (int i = 0; i < options_.tokens_per_step && !output.finish_reason; ++i) {
-    const std::int64_t t = request.generated;
-    std::int64_t token = token_at(request.base, t, options_.vocab_size);
-    if (t < request.min_tokens) {
-      for (std::size_t tries = 0; tries <= request.masked.size() && contains(request.masked, token);
-           ++tries) {
-        token = (token + 1) % options_.vocab_size;
-      }
-    }
+    const std::int64_t token =
+        model_ != nullptr ? model_token(request, output) : formula_token(request, output);
     output.new_token_ids.push_back(token);
-    if (request.logprobs) add_row(*output.logprobs, token, options_.vocab_size);
     ++request.generated;
     // vLLM's check_stop: the length caps first, then the stops once min_tokens is reached.
     if (prompt_length + request.generated >= options_.max_model_len ||

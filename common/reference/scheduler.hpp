@@ -2,7 +2,8 @@
 // The reference engine's scheduler, without sockets (like core.hpp): continuous batching of
 // EngineCoreRequests into one EngineCoreOutputs per step, with vLLM's stop rules, pause
 // modes and client aborts (docs/engine-protocol.md §10.3, §10.4, as vLLM). Tokens follow
-// tokens.hpp. Steps reuse their output buffers, so a step allocates nothing per token.
+// tokens.hpp, or, with a model (set_model), come from it through sampler.hpp. Steps reuse
+// their output buffers, so a step allocates nothing per token.
 
 #include <cstdint>
 #include <deque>
@@ -13,6 +14,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/reference/llama.hpp"
+#include "common/reference/sampler.hpp"
 #include "common/wire/generation_output.hpp"
 #include "common/wire/generation_request.hpp"
 
@@ -48,6 +51,9 @@ class Scheduler {
   // New weights: tokens from the next step on (frozen requests too) use this fingerprint.
   void set_fingerprint(std::uint64_t fingerprint);
   std::uint64_t fingerprint() const { return fingerprint_; }
+  // Generate from `model` (nullptr: the token formula). The model is read at every step, so
+  // weights loaded into it apply from the next step on; it must outlive the scheduler.
+  void set_model(const LlamaModel* model);
 
   // Requests that hold KV blocks without a client ("--running-requests"): they count as
   // active, send nothing, and a pause in mode abort or wait ends them.
@@ -86,6 +92,12 @@ class Scheduler {
     std::optional<std::int64_t> prompt_logprobs;
     std::int64_t generated = 0;
     bool started = false;  // its first output went out
+    // With a model: the sampling settings, the random stream, the KV cache, and the last
+    // token, fed at the next step (so that step's logits come from the weights then held).
+    SamplingSettings sampling;
+    RandomStream random;
+    KvCache cache;
+    std::optional<std::int64_t> unfed;
   };
 
   struct Ending {
@@ -96,6 +108,10 @@ class Scheduler {
   static Request make_request(wire::EngineCoreRequest&& request);
   wire::OutputToSend& next_output();
   void generate(Request& request, wire::OutputToSend& output);
+  std::int64_t formula_token(Request& request, wire::OutputToSend& output);
+  std::int64_t model_token(Request& request, wire::OutputToSend& output);
+  void prefill(Request& request, wire::OutputToSend& output);
+  void add_model_row(wire::LogprobRows& rows, std::int64_t token);
   void fill_prompt_logprobs(const Request& request, wire::OutputToSend& output) const;
   std::int64_t columns(std::int64_t k) const;
   void finish(std::string_view id);
@@ -110,6 +126,9 @@ class Scheduler {
   std::vector<Ending> endings_;
   std::vector<std::string> client_aborted_;  // for finished_requests
   std::unordered_set<std::string> in_flight_;
+  const LlamaModel* model_ = nullptr;
+  std::vector<double> logits_, logprobs_, probs_;  // one token's, reused
+  std::vector<std::int64_t> top_;
   wire::OutputsToSend outbox_;
   std::vector<wire::OutputToSend> spare_;  // outputs of earlier steps, kept for their buffers
 };

@@ -55,29 +55,47 @@ Status connect_to_trainer(WorkerState& worker, const WorkerContext& context,
   return {};
 }
 
-// The tcp backend's update: each tensor's bytes from the trainer, kept by name.
-Status receive_tensors(WorkerState& worker, const msgpack::object& info) {
+// The tcp backend's update: each tensor's bytes from the trainer, kept by name. With a model,
+// a tensor that does not fit it (name, shape, dtype) fails the update and nothing of it is
+// kept, but only after every byte was read, so the connection stays in step with the trainer.
+Status receive_tensors(WorkerState& worker, const WorkerContext& context,
+                       const msgpack::object& info) {
   if (!worker.receiver) return fail(kNotInitialized);
   const msgpack::object& names = *wire::find_key(info, "names");
   const msgpack::object& dtypes = *wire::find_key(info, "dtype_names");
   const msgpack::object& shapes = *wire::find_key(info, "shapes");
+  std::vector<std::pair<WorkerState::Staged, std::string>> received;
+  std::optional<std::string> misfit;
   for (std::uint32_t i = 0; i < names.via.array.size; ++i) {
-    const std::string name(*wire::as_str(names.via.array.ptr[i]));
-    const std::string_view dtype = *wire::as_str(dtypes.via.array.ptr[i]);
-    std::size_t size = dtype_size(dtype);
-    if (size == 0)
-      return fail("tensor " + name + ": unsupported dtype '" + std::string(dtype) + "'");
+    WorkerState::Staged tensor;
+    tensor.name = std::string(*wire::as_str(names.via.array.ptr[i]));
+    tensor.dtype = std::string(*wire::as_str(dtypes.via.array.ptr[i]));
+    std::size_t size = dtype_size(tensor.dtype);
+    if (size == 0) {
+      return fail("tensor " + tensor.name + ": unsupported dtype '" + tensor.dtype + "'");
+    }
     const msgpack::object& shape = shapes.via.array.ptr[i];
     for (std::uint32_t d = 0; d < shape.via.array.size; ++d) {
       if (shape.via.array.ptr[d].type != msgpack::type::POSITIVE_INTEGER) {
         return fail(type_error("shapes[" + std::to_string(i) + "][" + std::to_string(d) + "]",
                                "a non-negative int", shape.via.array.ptr[d]));
       }
+      tensor.shape.push_back(static_cast<std::int64_t>(shape.via.array.ptr[d].via.u64));
       size *= static_cast<std::size_t>(shape.via.array.ptr[d].via.u64);
     }
     auto bytes = worker.receiver->receive(size, kTrainerWait);
-    if (!bytes) return fail("tensor " + name + ": " + bytes.error());
-    worker.weights[name] = std::move(*bytes);
+    if (!bytes) return fail("tensor " + tensor.name + ": " + bytes.error());
+    if (context.model != nullptr && !worker.draft && !misfit) {
+      if (auto fits = context.model->check(tensor.name, tensor.dtype, tensor.shape); !fits) {
+        misfit = fits.error();
+      }
+    }
+    received.emplace_back(std::move(tensor), std::move(*bytes));
+  }
+  if (misfit) return fail(*misfit);
+  for (auto& [tensor, bytes] : received) {
+    worker.weights[tensor.name] = std::move(bytes);
+    if (context.model != nullptr && !worker.draft) worker.staged.push_back(std::move(tensor));
   }
   return {};
 }
@@ -129,7 +147,9 @@ tl::expected<std::uint32_t, std::string> receive_weights(WorkerState& worker,
   const bool nccl_shaped = context.backend == Backend::kNccl || context.backend == Backend::kTcp;
   if (nccl_shaped && !worker.initialized) return fail(kNotInitialized);
   if (context.backend == Backend::kTcp) {
-    if (auto received = receive_tensors(worker, *info); !received) return fail(received.error());
+    if (auto received = receive_tensors(worker, context, *info); !received) {
+      return fail(received.error());
+    }
   }
   return count;
 }
@@ -142,6 +162,7 @@ Status update_weights(WorkerState& worker, const WorkerContext& context,
     // vLLM abandons the session on any failure: the model may hold half-loaded weights.
     worker.update_active = false;
     worker.draft = false;
+    worker.staged.clear();
     return fail(count.error());
   }
   ++worker.updates_in_session;
@@ -266,6 +287,7 @@ tl::expected<void, std::string> run_transfer_method(WorkerState& worker,
     worker.update_active = true;
     worker.draft = method == "start_draft_weight_update";
     worker.updates_in_session = 0;
+    worker.staged.clear();
     return {};
   }
   if (!worker.update_active) return fail(kFinishWithoutStart);

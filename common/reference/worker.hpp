@@ -22,6 +22,8 @@ struct WorkerContext {
   int pp_rank = 0;
   int pcp_rank = 0;
   int tp_rank = 0;
+  // The engine's model, when it has one: the tcp backend's tensors must fit it.
+  const LlamaModel* model = nullptr;
 };
 
 // Runs `method(*args, **kwargs)` on one worker: its return value as msgpack (nil for None).
