@@ -22,6 +22,7 @@
 
 #include "common/api/errors.hpp"
 #include "common/reference/engine.hpp"
+#include "common/reference/model_loader.hpp"
 #include "common/util/log.hpp"
 #include "common/wire/msgpack_to_json.hpp"
 
@@ -45,6 +46,9 @@ struct Flags {
   std::string log_level = "info";
   double delay_ready = 0;  // seconds
   double step_ms = 5;      // milliseconds
+  std::string model;       // a Hugging Face Llama directory: generate from it
+  std::string load_format = "auto";
+  bool max_model_len_given = false;
 };
 
 std::chrono::milliseconds millis(double seconds) {
@@ -160,6 +164,16 @@ void define_engine_flags(CLI::App& app, Flags& flags) {
   app.add_option("--max-model-len", options.max_model_len,
                  "max_model_len in the registration: the longest prompt plus output")
       ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--model", flags.model,
+                 "Generate from the Llama model in DIR (config.json and safetensors weights; "
+                 "without it, tokens follow the documented formula)")
+      ->type_name("DIR");
+  app.add_option("--load-format", flags.load_format,
+                 "How --model's weights load: auto or safetensors (the directory's files), dummy "
+                 "(seeded random, as vLLM's dummy loader)")
+      ->type_name("FORMAT")
+      ->check(CLI::IsMember({"auto", "safetensors", "dummy"}))
       ->capture_default_str();
   app.add_option("--log-level", flags.log_level, "trace|debug|info|notice|warning|error")
       ->type_name("LEVEL")
@@ -304,6 +318,28 @@ class Recorder {
   std::FILE* file_;
 };
 
+// --model: the engine generates from it; its vocabulary and (unless given) its context length
+// are the ones registered.
+bool load_model(Flags& flags) {
+  vllmd::reference::LoadFormat format = vllmd::reference::LoadFormat::kAuto;
+  vllmd::reference::parse_load_format(flags.load_format, format);
+  auto model = vllmd::reference::load_model(flags.model, format);
+  if (!model) {
+    vllmd::util::log::error("cannot load --model: ", model.error());
+    return false;
+  }
+  const vllmd::reference::LlamaConfig& config = (*model)->config();
+  ReferenceEngineOptions& options = flags.options;
+  options.vocab_size = config.vocab_size;
+  if (!flags.max_model_len_given) options.max_model_len = config.max_position_embeddings;
+  options.model = std::move(*model);
+  vllmd::util::log::info(
+      "model ", flags.model, ": Llama with ", config.num_hidden_layers, " layers, hidden size ",
+      config.hidden_size, ", vocabulary ", config.vocab_size, "; weights ",
+      format == vllmd::reference::LoadFormat::kDummy ? "dummy (random)" : "from safetensors");
+  return true;
+}
+
 // Fills the options the flags describe beyond plain values; false (with a message) on error.
 bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   ReferenceEngineOptions& options = flags.options;
@@ -321,6 +357,7 @@ bool finish_options(Flags& flags, std::unique_ptr<Recorder>& recorder) {
   options.dp_group_timeout = millis(flags.dp_group_timeout);
   options.faults.delay_ready = millis(flags.delay_ready);
   options.step_interval = std::chrono::microseconds(std::llround(flags.step_ms * 1000));
+  if (!flags.model.empty() && !load_model(flags)) return false;
   if (!flags.record.empty()) {
     std::FILE* file = std::fopen(flags.record.c_str(), "a");
     if (file == nullptr) {
@@ -364,6 +401,7 @@ int run(int argc, char** argv) {
     app.exit(error);
     return error.get_exit_code() == 0 ? 0 : vllmd::api::exit_code::kUsage;
   }
+  flags.max_model_len_given = app.count("--max-model-len") > 0;
   std::unique_ptr<Recorder> recorder;
   if (!finish_options(flags, recorder)) return 1;
 

@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "common/reference/core.hpp"
+#include "common/reference/model_loader.hpp"
 #include "common/util/cidr.hpp"
 #include "common/util/log.hpp"
 #include "common/util/text.hpp"
@@ -110,6 +111,11 @@ bool is_zmq_address(std::string_view text) {
 bool is_backend(std::string_view text) {
   reference::Backend parsed;
   return reference::parse_backend(text, parsed);
+}
+
+bool is_load_format(std::string_view text) {
+  reference::LoadFormat parsed;
+  return reference::parse_load_format(text, parsed);
 }
 
 bool is_log_level(std::string_view text) {
@@ -311,6 +317,13 @@ constexpr Setting kSettings[] = {
      .help = "embedded engine's weight transfer backend: nccl|ipc|tcp|none",
      .member = &Config::backend,
      .check = Accepted{is_backend, "must be nccl, ipc, tcp or none"}},
+    {.key = "engine.load_format",
+     .flag = "--load-format",
+     .env = "VLLMD_LOAD_FORMAT",
+     .help = "embedded engine with a model directory: auto (its safetensors weights when it "
+             "has them, else the token formula), safetensors, or dummy (seeded random weights)",
+     .member = &Config::load_format,
+     .check = Accepted{is_load_format, "must be auto, safetensors or dummy"}},
     {.key = "engine.tensor_parallel_size",
      .env = "VLLMD_TENSOR_PARALLEL_SIZE",
      .help = "embedded engine's TP workers",

@@ -53,6 +53,8 @@ struct Config {
   std::string served_model_name = "default";  // GET /v1/models
   std::string model;             // --model DIR: config.json and generation_config.json; empty: none
   std::string backend = "nccl";  // embedded reference engine
+  // Embedded engine with --model: auto|safetensors|dummy (model_loader.hpp).
+  std::string load_format = "auto";
   int tensor_parallel_size = 1;  // embedded reference engine
   // [log]
   std::string log_level = "info";

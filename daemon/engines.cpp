@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/engine/endpoints.hpp"
+#include "common/reference/model_loader.hpp"
 #include "common/util/duration.hpp"
 #include "common/util/errno_text.hpp"
 #include "common/util/log.hpp"
@@ -21,6 +22,31 @@ void replace_all(std::string& text, std::string_view from, std::string_view to) 
     text.replace(at, from.size(), to);
   }
 }
+// The embedded engine's model: --model's directory under --load-format. "auto" with no
+// weights in the directory (one kept for its metadata) leaves the token formula, and says so.
+tl::expected<void, std::string> load_embedded_model(const Config& config,
+                                                    reference::ReferenceEngineOptions& embedded) {
+  if (config.model.empty()) return {};
+  reference::LoadFormat format = reference::LoadFormat::kAuto;
+  reference::parse_load_format(config.load_format, format);
+  if (format == reference::LoadFormat::kAuto && !reference::has_safetensors(config.model)) {
+    util::log::warning("embedded engine: ", config.model,
+                       " has no safetensors weights; tokens follow the reference formula "
+                       "(engine.load_format = dummy runs the model on random weights)");
+    return {};
+  }
+  auto model = reference::load_model(config.model, format);
+  if (!model) return tl::unexpected("embedded engine: cannot load the model: " + model.error());
+  const reference::LlamaConfig& llama = (*model)->config();
+  embedded.vocab_size = llama.vocab_size;
+  embedded.max_model_len = llama.max_position_embeddings;
+  embedded.model = std::move(*model);
+  util::log::info("embedded engine: Llama from ", config.model, " (", llama.num_hidden_layers,
+                  " layers, hidden size ", llama.hidden_size, ", vocabulary ", llama.vocab_size,
+                  "), weights ", format == reference::LoadFormat::kDummy ? "dummy" : "safetensors");
+  return {};
+}
+
 }  // namespace
 
 std::vector<std::string> fill_command(const std::vector<std::string>& command,
@@ -63,13 +89,18 @@ tl::expected<std::unique_ptr<Engines>, std::string> Engines::start(const Config&
   engines->client_ = std::move(*client);
 
   if (config.mode == EngineMode::kEmbedded) {
-    util::log::warning(
-        "embedded mode: serving the in-process reference engine; no model is loaded and "
-        "no weights go anywhere");
     reference::ReferenceEngineOptions embedded;
     embedded.handshake_address = engines->client_->handshake_endpoint();
     embedded.tensor_parallel_size = config.tensor_parallel_size;
     reference::parse_backend(config.backend, embedded.backend);
+    if (auto loaded = load_embedded_model(config, embedded); !loaded) {
+      return tl::unexpected(loaded.error());
+    }
+    if (!embedded.model) {
+      util::log::warning(
+          "embedded mode: serving the in-process reference engine; no model is loaded and "
+          "no weights go anywhere");
+    }
     engines->embedded_ = std::make_unique<reference::ReferenceEngine>(std::move(embedded));
     engines->embedded_->start();
   } else if (config.mode == EngineMode::kManaged) {

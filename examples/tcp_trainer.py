@@ -9,8 +9,7 @@ exactly what was sent. Python's standard library only.
 As a library (tests, benchmarks):
 
     trainer = TcpTrainer(workers)          # listens; workers = GET /get_world_size
-    POST /init_weight_transfer_engine {"init_info": trainer.init_info()}
-    trainer.accept()
+    trainer.initialize(lambda info: POST /init_weight_transfer_engine {"init_info": info})
     tensors = [Tensor("w", "float32", [1024, 1024], data), ...]
     sender = trainer.send_async(tensors)   # while POST /update_weights runs
     POST /update_weights {"update_info": update_info(tensors)}
@@ -98,6 +97,20 @@ class TcpTrainer:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.connections[rank] = connection
 
+    def initialize(self, post_init, timeout=60):
+        """The init: post_init(init_info) (the caller's POST /init_weight_transfer_engine,
+        which blocks until every worker connected) runs on a thread while this accepts the
+        workers. Returns what post_init returned."""
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(value=post_init(self.init_info())),
+                                  daemon=True)
+        thread.start()
+        try:
+            self.accept(timeout=timeout)
+        finally:
+            thread.join(timeout + 60)
+        return result.get("value")
+
     def send(self, tensors, corrupt_rank=None):
         """Sends every tensor to every worker, one thread per worker (each worker reads its
         tensors in order, whatever the others do). corrupt_rank: flip one byte of the first
@@ -157,12 +170,8 @@ def main():
     args = parser.parse_args()
     workers = _get(args.server, "/get_world_size")["world_size"]
     trainer = TcpTrainer(workers)
-    initializing = threading.Thread(
-        target=_post, args=(args.server, "/init_weight_transfer_engine",
-                            {"init_info": trainer.init_info()}))
-    initializing.start()
-    trainer.accept()
-    initializing.join()
+    trainer.initialize(lambda info: _post(args.server, "/init_weight_transfer_engine",
+                                          {"init_info": info}))
     side = max(1, int((args.megabytes * 2**20 / 4) ** 0.5))
     for step in range(1, args.steps + 1):
         tensors = [random_tensor("model.layers.0.mlp.weight", "float32", [side, side]),

@@ -10,6 +10,8 @@ packages=(
   libcli11-dev libpoco-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libboost-dev
   doctest-dev libtomlplusplus-dev libsystemd-dev libexpected-dev libssl-dev
   python3 python3-zmq python3-msgpack python3-requests
+  # The trainer-side Llama (examples/llama_numpy.py): the model-alignment and RL-loop tests.
+  python3-numpy
   # The completion tests run the generated scripts in each shell.
   zsh fish
   curl

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import unittest
 
 import harness
@@ -26,18 +25,9 @@ class RealBytesTest(harness.DaemonTestCase):
         self.assertEqual(self.daemon.get("/get_world_size").json(), {"world_size": 4})
         self.trainer = tcp_trainer.TcpTrainer(4)
         self.addCleanup(self.trainer.close)
-        init = {}
-
-        def post_init():
-            init["response"] = self.daemon.post(
-                "/init_weight_transfer_engine", json={"init_info": self.trainer.init_info()},
-                timeout=120)
-
-        thread = threading.Thread(target=post_init)
-        thread.start()
-        self.trainer.accept(timeout=60)
-        thread.join(120)
-        self.assertEqual(init["response"].status_code, 200, init["response"].text)
+        response = self.trainer.initialize(lambda info: self.daemon.post(
+            "/init_weight_transfer_engine", json={"init_info": info}, timeout=120))
+        self.assertEqual(response.status_code, 200, response.text)
         self.assertEqual(sorted(self.trainer.connections), [1, 2, 3, 4])
 
     def sync(self, tensors, version, corrupt_rank=None):

@@ -339,6 +339,7 @@ class ManPageTest(unittest.TestCase):
             "engine.data_parallel_master": "10.0.0.7:29600",
             "engine.command": "engine --handshake {handshake_address}",
             "engine.backend": "ipc",
+            "engine.load_format": "dummy",
             "engine.served_model_name": "Qwen/Qwen3-8B",
             # Read at load: a directory holding a config.json.
             "engine.model": os.path.dirname(self.write("config.json", '{"vocab_size": 8}')),

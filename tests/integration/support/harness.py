@@ -273,6 +273,18 @@ NCCL_INIT_INFO = {"master_address": "127.0.0.1", "master_port": 29500, "rank_off
                   "world_size": 2}
 
 
+def greedy(daemon, prompt, tokens):
+    """POST /inference/v1/generate greedy with logprobs, through EOS: (token ids, logprobs)."""
+    response = daemon.post("/inference/v1/generate", json={
+        "token_ids": prompt,
+        "sampling_params": {"max_tokens": tokens, "temperature": 0, "logprobs": 0,
+                            "ignore_eos": True}}, timeout=60)
+    if response.status_code != 200:
+        raise AssertionError(f"generate: {response.status_code} {response.text}")
+    choice = response.json()["choices"][0]
+    return choice["token_ids"], [item["logprob"] for item in choice["logprobs"]["content"]]
+
+
 def update_info(*names):
     names = list(names) or ["model.layers.0.weight"]
     return {"names": names, "dtype_names": ["bfloat16"] * len(names),
