@@ -105,6 +105,10 @@ std::int64_t sample_token(std::span<const double> logits, const SamplingSettings
 
 void top_ids(std::span<const double> logprobs, std::size_t k, std::vector<std::int64_t>& ids) {
   k = std::min(k, logprobs.size());
+  if (k == 0) {  // logprobs=0: the sampled token's alone, no pass over the vocabulary
+    ids.clear();
+    return;
+  }
   ids.resize(logprobs.size());
   std::iota(ids.begin(), ids.end(), 0);
   std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
