@@ -136,17 +136,18 @@ std::optional<std::string> reload(int argc, const char* const* argv, const Confi
       next.threads != running.threads || next.insecure_dev_mode != running.insecure_dev_mode ||
       next.handshake_address != running.handshake_address || next.mode != running.mode ||
       next.data_parallel_size != running.data_parallel_size || next.command != running.command ||
-      next.model != running.model;
+      next.model != running.model || next.load_format != running.load_format;
   if (restart_needed) {
     util::log::warning(
         "reload: listener, dev-mode or engine settings changed; they apply at the next "
         "restart");
   }
-  // Said before the new level applies, so the line survives a move to a quieter level.
+  // Said once the new policy serves (a client that saw the line must meet it), and before
+  // the new level applies, so the line survives a move to a quieter level.
+  context.set_policy(policy_of(next));
   util::log::notice("configuration reloaded: log level ", next.log_level, ", ",
                     next.api_keys.size(), " API key(s), ", next.allowlist.size(),
                     " allowlist block(s), body limit ", next.max_body_bytes, " bytes");
-  context.set_policy(policy_of(next));
   apply_log_level(next);
   return std::nullopt;
 }

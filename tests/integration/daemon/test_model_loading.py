@@ -53,6 +53,7 @@ class ModelLoadingTest(harness.DaemonTestCase):
     def test_the_embedded_engine_loads_the_model_directory(self):
         directory = self.model_dir()
         daemon = self.start_daemon(["--dev-mode", "--model", directory])
+        daemon.wait_healthy()  # listening comes before the engine's READY
         self.assert_generates_like_the_model(daemon)
         self.assertIn("embedded engine: Llama from", daemon.log())
 
@@ -62,6 +63,7 @@ class ModelLoadingTest(harness.DaemonTestCase):
         with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as handle:
             json.dump({"vocab_size": 1000, "eos_token_id": 2}, handle)
         daemon = self.start_daemon(["--dev-mode", "--model", directory])
+        daemon.wait_healthy()
         self.assertIn("has no safetensors weights; tokens follow the reference formula",
                       daemon.log())
         self.assertEqual(len(harness.greedy(daemon, PROMPT, 4)[0]), 4)

@@ -26,6 +26,7 @@ class RlLoopTest(harness.DaemonTestCase):
                        capture_output=True, timeout=60)
         daemon = self.start_daemon(["--dev-mode", "--model", model_dir],
                                    env=harness.clean_env({"VLLMD_BACKEND": "tcp"}))
+        daemon.wait_healthy()  # listening comes before the engine's READY
         begin = time.monotonic()
         result = subprocess.run(
             ["/usr/bin/python3", RL_LOOP, "train", "--server", daemon.url, "--model", model_dir,
