@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -49,9 +50,7 @@ double round_tokens_per_second(const LlamaModel& model, int requests, int tokens
   return static_cast<double>(generated) / seconds;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"The reference engine's Llama: generated tokens per second"};
   int requests = 16, tokens = 128, prompt = 16, hidden = 64, layers = 2, vocab = 512, rounds = 5;
   bool sample = false;
@@ -89,4 +88,15 @@ int main(int argc, char** argv) {
       results[results.size() / 2], requests, tokens, hidden, layers, vocab,
       sample ? "true" : "false");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "model_tokens: %s\n", error.what());
+    return 1;
+  }
 }

@@ -64,6 +64,7 @@ TEST_SUITE("reference_sampler") {
     const auto draws = [&](std::uint64_t seed) {
       RandomStream random(seed);
       std::vector<std::int64_t> tokens;
+      tokens.reserve(32);
       for (int i = 0; i < 32; ++i)
         tokens.push_back(sample_token(logits, settings, {}, random, scratch));
       return tokens;

@@ -44,7 +44,7 @@ wire::SamplingParams greedy(std::int64_t tokens) {
 }
 
 // Greedy decoding straight from the model, one token at a time.
-std::vector<std::int64_t> decode(const LlamaModel& model, std::vector<std::int64_t> prompt,
+std::vector<std::int64_t> decode(const LlamaModel& model, const std::vector<std::int64_t>& prompt,
                                  int tokens) {
   KvCache cache;
   std::vector<double> logits(16);
