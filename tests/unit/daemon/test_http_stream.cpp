@@ -264,7 +264,9 @@ TEST_CASE("a stream that stops being read past server.timeout is cut and cancell
       options);
   Client client(fixture.server->port(), 16384);
   client.send(kGet);
-  REQUIRE(eventually([&] { return fixture.cancels == 1; }, milliseconds(3000)));
+  // 0.3 s after the last byte moved; the bound is generous for a sanitized build on a busy
+  // machine (CI's ASan pass once missed 3 s).
+  REQUIRE(eventually([&] { return fixture.cancels == 1; }, milliseconds(10000)));
   CHECK(fixture.closed());
 }
 
