@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "common/reference/tokens.hpp"
@@ -238,6 +239,7 @@ ReferenceCore::Result ReferenceCore::collective_rpc(const std::string& qualname,
     load_staged();
     update_fingerprint();
   }
+  if (worker_method == "reset_weights" && model_) model_->reset_weights(std::random_device{}());
   std::string list = pack(
       [&](wire::Packer& packer) { packer.pack_array(static_cast<std::uint32_t>(world_size)); });
   for (const std::string& value : returned) list += value;

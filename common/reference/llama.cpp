@@ -75,6 +75,48 @@ double element(const char* at, Dtype dtype) {
   return 0;
 }
 
+// float16 bits of a value float16 holds exactly (one it was loaded from, or a multiple of
+// 1/256 below 1).
+std::uint16_t half_bits(double value) {
+  const std::uint16_t sign = std::signbit(value) ? 0x8000 : 0;
+  const double magnitude = std::fabs(value);
+  if (std::isnan(value)) return 0x7e00;
+  if (std::isinf(value)) return sign | 0x7c00;
+  if (magnitude < 0x1p-14) return sign | static_cast<std::uint16_t>(std::ldexp(magnitude, 24));
+  int exponent = 0;
+  const double fraction = std::frexp(magnitude, &exponent);  // [0.5, 1) * 2^exponent
+  const auto mantissa = static_cast<std::uint16_t>(std::ldexp(fraction, 11) - 1024);
+  return sign | static_cast<std::uint16_t>((exponent + 14) << 10) | mantissa;
+}
+
+// The inverse of element() for a value `dtype` holds exactly.
+void append_element(std::string& out, double value, Dtype dtype) {
+  char bytes[8];
+  switch (dtype) {
+    case Dtype::kFloat32: {
+      const auto single = static_cast<float>(value);
+      std::memcpy(bytes, &single, 4);
+      break;
+    }
+    case Dtype::kBFloat16: {
+      const auto single = static_cast<float>(value);
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &single, 4);
+      const auto high = static_cast<std::uint16_t>(bits >> 16);
+      std::memcpy(bytes, &high, 2);
+      break;
+    }
+    case Dtype::kFloat16: {
+      const std::uint16_t bits = half_bits(value);
+      std::memcpy(bytes, &bits, 2);
+      break;
+    }
+    case Dtype::kFloat64: std::memcpy(bytes, &value, 8); break;
+    case Dtype::kUnknown: return;
+  }
+  out.append(bytes, width(dtype));
+}
+
 std::string shape_text(std::span<const std::int64_t> shape) {
   std::string text = "torch.Size([";
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -137,7 +179,7 @@ LlamaModel::LlamaModel(LlamaConfig config) : config_(std::move(config)) {
     ParameterSpec spec{std::move(name), std::move(shape)};
     storage.assign(spec.elements(), 0.0);
     by_name_[spec.name] = &storage;
-    set_[spec.name] = false;
+    loaded_dtype_[spec.name] = "";
     specs_.push_back(std::move(spec));
   };
   add("model.embed_tokens.weight", {config_.vocab_size, hidden}, embed_);
@@ -219,7 +261,7 @@ tl::expected<void, std::string> LlamaModel::set_parameter(std::string_view name,
   for (std::size_t i = 0; i < storage.size(); ++i) {
     storage[i] = element(bytes.data() + i * width(type), type);
   }
-  set_.find(name)->second = true;
+  loaded_dtype_.find(name)->second = std::string(dtype);
   return {};
 }
 
@@ -228,16 +270,42 @@ void LlamaModel::init_dummy(std::uint64_t seed) {
   for (const ParameterSpec& spec : specs_) {
     for (double& value : *find(spec.name)) {
       const double unit = static_cast<double>(random() >> 11) * 0x1p-53;  // [0, 1)
-      value = -1e-3 + 2e-3 * unit;
+      value = static_cast<float>(-1e-3 + 2e-3 * unit);
     }
-    set_[spec.name] = true;
+    loaded_dtype_[spec.name] = "float32";
   }
+}
+
+void LlamaModel::reset_weights(std::uint64_t seed) {
+  std::mt19937_64 random(seed);
+  for (const ParameterSpec& spec : specs_) {
+    for (double& value : *find(spec.name)) value = static_cast<double>(random() >> 56) / 256.0;
+  }
+}
+
+void LlamaModel::discard_weights() {
+  for (const ParameterSpec& spec : specs_) {
+    std::vector<double>& values = *find(spec.name);
+    std::fill(values.begin(), values.end(), 0.0);
+  }
+}
+
+std::string LlamaModel::parameter_bytes(std::string_view name) const {
+  const auto found = by_name_.find(name);
+  if (found == by_name_.end()) return {};
+  const std::string& loaded = loaded_dtype_.find(name)->second;
+  // Never loaded: zeros, held as float32 as dummy weights are.
+  const Dtype dtype = loaded.empty() ? Dtype::kFloat32 : dtype_of(loaded);
+  std::string bytes;
+  bytes.reserve(found->second->size() * width(dtype));
+  for (double value : *found->second) append_element(bytes, value, dtype);
+  return bytes;
 }
 
 std::vector<std::string> LlamaModel::unset() const {
   std::vector<std::string> names;
-  for (const auto& [name, done] : set_) {
-    if (!done) names.push_back(name);
+  for (const auto& [name, dtype] : loaded_dtype_) {
+    if (dtype.empty()) names.push_back(name);
   }
   return names;
 }

@@ -49,8 +49,17 @@ class LlamaModel {
   tl::expected<void, std::string> set_parameter(std::string_view name, std::string_view dtype,
                                                 std::span<const std::int64_t> shape,
                                                 std::string_view bytes);
-  // vLLM's dummy load format: every parameter uniform in [-1e-3, 1e-3] from `seed`.
+  // vLLM's dummy load format: every parameter uniform in [-1e-3, 1e-3] from `seed`, rounded
+  // to float32 (the dtype dummy weights are held in).
   void init_dummy(std::uint64_t seed);
+  // vLLM's reset_weights: every parameter random in [0, 1) (multiples of 1/256, which every
+  // dtype holds exactly), so checksums and outputs change until weights are loaded again.
+  void reset_weights(std::uint64_t seed);
+  // A level-2 sleep: the weights are discarded; zeros until they are loaded again.
+  void discard_weights();
+  // The parameter as bytes of the dtype it was loaded from (the bytes a trainer sent, what
+  // vLLM's compute_weight_checksums hashes); empty for a name the model lacks.
+  std::string parameter_bytes(std::string_view name) const;
   // Names of parameters never set (the tied lm_head excepted): a load that missed some.
   std::vector<std::string> unset() const;
 
@@ -69,7 +78,8 @@ class LlamaModel {
   LlamaConfig config_;
   std::vector<ParameterSpec> specs_;
   std::map<std::string, std::vector<double>*, std::less<>> by_name_;
-  std::map<std::string, bool, std::less<>> set_;
+  // The dtype each parameter was loaded from, as set_parameter was given it; "" until set.
+  std::map<std::string, std::string, std::less<>> loaded_dtype_;
   std::vector<double> embed_, norm_, lm_head_;
   std::vector<Layer> layers_;
   std::vector<double> inv_freq_;  // rope_theta^(-2i/head_dim)

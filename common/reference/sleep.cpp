@@ -87,6 +87,7 @@ ReferenceCore::Result ReferenceCore::sleep(const std::string& qualname, Position
     for (WorkerState& worker : workers_) {
       for (auto& entry : worker.weights) entry.second.assign(entry.second.size(), '\0');
     }
+    if (model_) model_->discard_weights();
   }
   return none_value();
 }

@@ -3,6 +3,7 @@
 #include <random>
 #include <vector>
 
+#include "common/reference/llama.hpp"
 #include "common/reference/tcp_transfer.hpp"
 #include "common/reference/update_info.hpp"
 #include "common/util/fail.hpp"
@@ -204,17 +205,27 @@ tl::expected<void, std::string> run_transfer_method(WorkerState& worker,
                                                     const msgpack::object* kwargs);
 
 // vLLM's weight checker: {"dp{}:pp{}:pcp{}:tp{}:ep{}:<name>": sha256 hex} over the tensors
-// the worker holds (ep is 0: the reference engine serves a dense model).
+// the worker holds (ep is 0: the reference engine serves a dense model). With a model, its
+// parameters in the dtype they were loaded from (every worker holds them in full); without,
+// the bytes the tcp backend received.
 std::string weight_checksums(const WorkerState& worker, const WorkerContext& context) {
   const std::string prefix =
       "dp" + std::to_string(context.dp_index) + ":pp" + std::to_string(context.pp_rank) + ":pcp" +
       std::to_string(context.pcp_rank) + ":tp" + std::to_string(context.tp_rank) + ":ep0:";
   wire::StringBuffer buffer;
   wire::Packer packer(buffer);
-  packer.pack_map(static_cast<std::uint32_t>(worker.weights.size()));
-  for (const auto& [name, bytes] : worker.weights) {
+  const auto entry = [&](const std::string& name, std::string_view bytes) {
     wire::pack_str(packer, prefix + name);
     wire::pack_str(packer, sha256_hex(bytes));
+  };
+  if (const LlamaModel* model = context.model; model != nullptr) {
+    packer.pack_map(static_cast<std::uint32_t>(model->parameters().size()));
+    for (const ParameterSpec& spec : model->parameters()) {
+      entry(spec.name, model->parameter_bytes(spec.name));
+    }
+  } else {
+    packer.pack_map(static_cast<std::uint32_t>(worker.weights.size()));
+    for (const auto& [name, bytes] : worker.weights) entry(name, bytes);
   }
   return buffer.take();
 }

@@ -5,7 +5,8 @@ prompts through /inference/v1/generate equal the trainer's own greedy decode tok
 and every token's logprob equals the trainer's within 1e-6. The trainer's model
 (examples/llama_numpy.py) is written apart from the engine's C++. Before the first sync the
 engine holds dummy weights and answers differently, so a sync that did nothing fails. A
-tensor that does not fit the model fails its update by name and changes nothing."""
+tensor that does not fit the model fails its update by name and changes nothing. vLLM's
+weight checker sees the model's own weights, and its reset reaches them."""
 
 import json
 import os
@@ -122,6 +123,35 @@ class ModelAlignmentTest(harness.DaemonTestCase):
         self.assertEqual(self.daemon.get("/weight_info").json(), {"weight_version": "next"})
         self.assert_matches(llama_numpy.Model(self.config, llama_numpy.round_to(other, "float32")),
                             "after the failed updates")
+
+    def test_the_weight_checker_sees_the_models_weights(self):
+        """vLLM's weight-checker workflow: the checksums are the model's, in the dtype it was
+        sent; a reset or a level-2 sleep changes what it generates until the weights return."""
+        weights = llama_numpy.init_weights(self.config, seed=6)
+        tensors = tensors_of(weights, "bfloat16")
+        model = llama_numpy.Model(self.config, llama_numpy.round_to(weights, "bfloat16"))
+        expected = tcp_trainer.checksums(tensors, tp=2)
+        dummy = self.daemon.post("/weight_checker", json={"action": "checksum"}).json()
+        self.assertEqual(dummy["checksums"].keys(), expected.keys())
+        self.assertTrue(all(dummy["checksums"][k] != v for k, v in expected.items()))
+
+        self.sync(weights, "bfloat16", "v1")
+        compare = {"action": "compare", "baseline": expected}
+        self.assertEqual(self.daemon.post("/weight_checker", json=compare).json()["match"], True)
+        for corrupt in [lambda: self.daemon.post("/weight_checker", json={"action": "reset"}),
+                        lambda: self.daemon.post("/sleep?level=2")]:
+            self.assertEqual(self.daemon.post("/pause?mode=abort").status_code, 200)
+            self.assertEqual(corrupt().status_code, 200)
+            self.assertEqual(self.daemon.post("/wake_up").status_code, 200)
+            self.assertEqual(self.daemon.post("/resume").status_code, 200)
+            result = self.daemon.post("/weight_checker", json=compare).json()
+            self.assertEqual(sorted(result["mismatches"]), sorted(expected))
+            tokens, _ = self.greedy(PROMPTS[2])
+            self.assertNotEqual(tokens, [int(t) for t in model.greedy(PROMPTS[2], TOKENS)[0]])
+            self.sync(weights, "bfloat16", "v1")
+            self.assertEqual(self.daemon.post("/weight_checker", json=compare).json()["match"],
+                             True)
+            self.assert_matches(model, "weights sent again")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <string>
 
+#include "common/reference/llama.hpp"
 #include "common/reference/tokens.hpp"
 #include "tests/unit/reference/core_calls.hpp"
 
@@ -75,5 +77,32 @@ TEST_SUITE("reference_core_requests") {
     CHECK(after_session == weights_fingerprint({}, "default", 1));
     CHECK(call(core, "set_weight_version", R"(["v2"])") == "null");
     CHECK(core.scheduler().fingerprint() == weights_fingerprint({}, "v2", 1));
+  }
+
+  TEST_CASE("with a model, checksums cover its parameters; reset and a level-2 sleep reach it") {
+    auto config = parse_llama_config(
+        R"({"vocab_size":8,"hidden_size":4,"intermediate_size":8,"num_hidden_layers":1,)"
+        R"("num_attention_heads":2})");
+    REQUIRE(config);
+    auto model = std::make_shared<LlamaModel>(*config);
+    model->init_dummy(3);
+    ReferenceCore core(0, 2, Backend::kTcp);
+    core.set_model(model);
+    const std::string dummy = rpc(core, "compute_weight_checksums");
+    // Every worker lists every parameter (11 with an untied head) under its own prefix.
+    CHECK(dummy.find("\"dp0:pp0:pcp0:tp0:ep0:model.layers.0.self_attn.q_proj.weight\"") !=
+          std::string::npos);
+    CHECK(dummy.find("\"dp0:pp0:pcp0:tp1:ep0:lm_head.weight\"") != std::string::npos);
+    CHECK(rpc(core, "compute_weight_checksums") == dummy);
+    const std::string embed = model->parameter_bytes("model.embed_tokens.weight");
+
+    CHECK(rpc(core, "reset_weights") == "[null,null]");
+    CHECK(model->parameter_bytes("model.embed_tokens.weight") != embed);
+    const std::string reset = rpc(core, "compute_weight_checksums");
+    CHECK(reset != dummy);
+
+    CHECK(call(core, "sleep", R"([2,"abort"])") == "null");
+    CHECK(model->parameter_bytes("model.embed_tokens.weight") == std::string(embed.size(), '\0'));
+    CHECK(rpc(core, "compute_weight_checksums") != reset);
   }
 }

@@ -182,4 +182,43 @@ TEST_SUITE("reference_llama") {
       }
     }
   }
+
+  TEST_CASE("a parameter's bytes are the bytes it was loaded from; reset and discard change them") {
+    LlamaModel model(*parse_llama_config(tiny_config(R"(,"tie_word_embeddings":true)")));
+    const std::vector<std::int64_t> shape{3, 2};
+    // Normal, subnormal, negative, zero and large values in each dtype's own encoding.
+    const std::vector<std::pair<std::string, std::vector<std::uint8_t>>> encodings{
+        {"torch.float16", {0x00, 0x3C, 0x01, 0x00, 0x00, 0xC1, 0x00, 0x80, 0xFF, 0x7B, 0x55, 0x35}},
+        {"BF16", {0x80, 0x3F, 0x01, 0x00, 0x20, 0xC0, 0x00, 0x80, 0x7F, 0x47, 0xAB, 0x3E}},
+        {"float32", std::vector<std::uint8_t>(24, 0x3D)},
+        {"float64", std::vector<std::uint8_t>(48, 0x01)}};
+    for (const auto& encoding : encodings) {
+      const std::string& dtype = encoding.first;
+      CAPTURE(dtype);
+      const std::string bytes(encoding.second.begin(), encoding.second.end());
+      REQUIRE(model.set_parameter("model.embed_tokens.weight", dtype, shape, bytes));
+      CHECK(model.parameter_bytes("model.embed_tokens.weight") == bytes);
+    }
+    // Never loaded: zeros, as float32.
+    CHECK(model.parameter_bytes("model.norm.weight") == std::string(8, '\0'));
+    CHECK(model.parameter_bytes("lm_head.weight").empty());  // tied: no such parameter
+
+    model.init_dummy(7);
+    const std::string dummy = model.parameter_bytes("model.embed_tokens.weight");
+    CHECK(dummy.size() == 24);  // float32
+    model.reset_weights(1);
+    const std::string reset = model.parameter_bytes("model.embed_tokens.weight");
+    CHECK(reset != dummy);
+    for (std::size_t i = 0; i < 6; ++i) {
+      float value = 0;
+      std::memcpy(&value, reset.data() + i * 4, 4);
+      CHECK(value >= 0.0F);
+      CHECK(value < 1.0F);
+      CHECK(value * 256 == std::floor(value * 256));
+    }
+    model.reset_weights(2);
+    CHECK(model.parameter_bytes("model.embed_tokens.weight") != reset);
+    model.discard_weights();
+    CHECK(model.parameter_bytes("model.embed_tokens.weight") == std::string(24, '\0'));
+  }
 }
