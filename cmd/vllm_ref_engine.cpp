@@ -333,6 +333,7 @@ bool load_model(Flags& flags) {
   options.vocab_size = config.vocab_size;
   if (!flags.max_model_len_given) options.max_model_len = config.max_position_embeddings;
   options.model = std::move(*model);
+  options.model_source = {flags.model, format};
   vllmd::util::log::info(
       "model ", flags.model, ": Llama with ", config.num_hidden_layers, " layers, hidden size ",
       config.hidden_size, ", vocabulary ", config.vocab_size, "; weights ",

@@ -41,6 +41,7 @@ tl::expected<void, std::string> load_embedded_model(const Config& config,
   embedded.vocab_size = llama.vocab_size;
   embedded.max_model_len = llama.max_position_embeddings;
   embedded.model = std::move(*model);
+  embedded.model_source = {config.model, format};
   util::log::info("embedded engine: Llama from ", config.model, " (", llama.num_hidden_layers,
                   " layers, hidden size ", llama.hidden_size, ", vocabulary ", llama.vocab_size,
                   "), weights ", format == reference::LoadFormat::kDummy ? "dummy" : "safetensors");

@@ -89,7 +89,7 @@ FrontendConnection::FrontendConnection(const ReferenceEngineOptions& options,
             scheduler_options(options)),
       layout_(wire::request_layout_for(options.vllm_version)) {
   core_.set_running_requests(options.running_requests);
-  if (options.model) core_.set_model(options.model);
+  if (options.model) core_.set_model(options.model, options.model_source);
   encoding_.outputs_fields = static_cast<std::size_t>(options.faults.reply_fields);
   encoding_.zero_copy_threshold = options.zero_copy_threshold;
 }

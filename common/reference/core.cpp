@@ -113,8 +113,9 @@ void ReferenceCore::update_fingerprint() {
       weights_fingerprint(worker.weights, weight_version_, worker.sessions_finished));
 }
 
-void ReferenceCore::set_model(std::shared_ptr<LlamaModel> model) {
+void ReferenceCore::set_model(std::shared_ptr<LlamaModel> model, WeightSource source) {
   model_ = std::move(model);
+  model_source_ = std::move(source);
   scheduler_.set_model(model_.get());
 }
 
@@ -240,6 +241,11 @@ ReferenceCore::Result ReferenceCore::collective_rpc(const std::string& qualname,
     update_fingerprint();
   }
   if (worker_method == "reset_weights" && model_) model_->reset_weights(std::random_device{}());
+  if (worker_method == "reload_weights" && model_) {
+    if (auto reloaded = reload_weights(*model_, model_source_); !reloaded) {
+      return fail(worker_error(reloaded.error()));
+    }
+  }
   std::string list = pack(
       [&](wire::Packer& packer) { packer.pack_array(static_cast<std::uint32_t>(world_size)); });
   for (const std::string& value : returned) list += value;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/reference/llama.hpp"
+#include "common/reference/model_loader.hpp"
 #include "common/reference/python_call.hpp"
 #include "common/reference/scheduler.hpp"
 
@@ -88,7 +89,8 @@ class ReferenceCore {
   const std::string& weight_version() const { return weight_version_; }
   // Generate from `model` (llama.hpp) instead of the token formula; weight updates over the
   // tcp backend land in it when their session finishes.
-  void set_model(std::shared_ptr<LlamaModel> model);
+  // `source`: where its weights came from, for reload_weights.
+  void set_model(std::shared_ptr<LlamaModel> model, WeightSource source = {});
   const LlamaModel* model() const { return model_.get(); }
   bool paused() const { return scheduler_.paused(); }
   // The requests it generates for (ADD, ABORT and steps go straight to it); pause_scheduler,
@@ -142,6 +144,7 @@ class ReferenceCore {
   std::string weight_version_ = "default";
   Scheduler scheduler_;
   std::shared_ptr<LlamaModel> model_;
+  WeightSource model_source_;
   bool reply_when_idle_ = false;
   bool weights_asleep_ = false;
   bool kv_cache_asleep_ = false;

@@ -79,6 +79,7 @@ struct ReferenceEngineOptions {
   // The model to generate from (model_loader.hpp); none: the token formula. One engine's own:
   // its forward pass keeps scratch buffers, so two engines must not share one.
   std::shared_ptr<LlamaModel> model;
+  WeightSource model_source;  // where its weights came from: what reload_weights reads
   Faults faults;
   std::function<void(const ReceivedCall&)> on_call;  // called before the call is handled
   std::function<void(const DpGroup&)> on_dp_group;   // called once the DP group formed

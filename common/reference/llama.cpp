@@ -174,30 +174,33 @@ LlamaModel::LlamaModel(LlamaConfig config) : config_(std::move(config)) {
   const std::int64_t kv_width = config_.num_key_value_heads * config_.head_dim;
   const std::int64_t inner = config_.intermediate_size;
   layers_.resize(static_cast<std::size_t>(config_.num_hidden_layers));
-  const auto add = [&](std::string name, std::vector<std::int64_t> shape,
-                       std::vector<double>& storage) {
+  const auto add = [&](std::string name, std::vector<std::int64_t> shape, Slot slot) {
     ParameterSpec spec{std::move(name), std::move(shape)};
-    storage.assign(spec.elements(), 0.0);
-    by_name_[spec.name] = &storage;
+    storage(slot).assign(spec.elements(), 0.0);
+    by_name_[spec.name] = slot;
     loaded_dtype_[spec.name] = "";
     specs_.push_back(std::move(spec));
   };
-  add("model.embed_tokens.weight", {config_.vocab_size, hidden}, embed_);
+  add("model.embed_tokens.weight", {config_.vocab_size, hidden}, {&LlamaModel::embed_});
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
-    Layer& layer = layers_[i];
-    add(prefix + "input_layernorm.weight", {hidden}, layer.input_norm);
-    add(prefix + "self_attn.q_proj.weight", {q_width, hidden}, layer.q);
-    add(prefix + "self_attn.k_proj.weight", {kv_width, hidden}, layer.k);
-    add(prefix + "self_attn.v_proj.weight", {kv_width, hidden}, layer.v);
-    add(prefix + "self_attn.o_proj.weight", {hidden, q_width}, layer.o);
-    add(prefix + "post_attention_layernorm.weight", {hidden}, layer.post_norm);
-    add(prefix + "mlp.gate_proj.weight", {inner, hidden}, layer.gate);
-    add(prefix + "mlp.up_proj.weight", {inner, hidden}, layer.up);
-    add(prefix + "mlp.down_proj.weight", {hidden, inner}, layer.down);
+    const auto in_layer = [i](std::vector<double> Layer::*field) {
+      return Slot{nullptr, i, field};
+    };
+    add(prefix + "input_layernorm.weight", {hidden}, in_layer(&Layer::input_norm));
+    add(prefix + "self_attn.q_proj.weight", {q_width, hidden}, in_layer(&Layer::q));
+    add(prefix + "self_attn.k_proj.weight", {kv_width, hidden}, in_layer(&Layer::k));
+    add(prefix + "self_attn.v_proj.weight", {kv_width, hidden}, in_layer(&Layer::v));
+    add(prefix + "self_attn.o_proj.weight", {hidden, q_width}, in_layer(&Layer::o));
+    add(prefix + "post_attention_layernorm.weight", {hidden}, in_layer(&Layer::post_norm));
+    add(prefix + "mlp.gate_proj.weight", {inner, hidden}, in_layer(&Layer::gate));
+    add(prefix + "mlp.up_proj.weight", {inner, hidden}, in_layer(&Layer::up));
+    add(prefix + "mlp.down_proj.weight", {hidden, inner}, in_layer(&Layer::down));
   }
-  add("model.norm.weight", {hidden}, norm_);
-  if (!config_.tie_word_embeddings) add("lm_head.weight", {config_.vocab_size, hidden}, lm_head_);
+  add("model.norm.weight", {hidden}, {&LlamaModel::norm_});
+  if (!config_.tie_word_embeddings) {
+    add("lm_head.weight", {config_.vocab_size, hidden}, {&LlamaModel::lm_head_});
+  }
 
   const auto head_dim = static_cast<std::size_t>(config_.head_dim);
   for (std::size_t i = 0; i < head_dim / 2; ++i) {
@@ -215,9 +218,17 @@ LlamaModel::LlamaModel(LlamaConfig config) : config_(std::move(config)) {
   up_.resize(gate_.size());
 }
 
+std::vector<double>& LlamaModel::storage(const Slot& slot) {
+  return slot.top != nullptr ? this->*slot.top : layers_[slot.layer].*slot.field;
+}
+
+const std::vector<double>& LlamaModel::storage(const Slot& slot) const {
+  return slot.top != nullptr ? this->*slot.top : layers_[slot.layer].*slot.field;
+}
+
 std::vector<double>* LlamaModel::find(std::string_view name) {
   const auto found = by_name_.find(name);
-  return found == by_name_.end() ? nullptr : found->second;
+  return found == by_name_.end() ? nullptr : &storage(found->second);
 }
 
 const std::vector<double>& LlamaModel::head() const {
@@ -290,15 +301,19 @@ void LlamaModel::discard_weights() {
   }
 }
 
+std::string LlamaModel::parameter_dtype(std::string_view name) const {
+  const auto found = loaded_dtype_.find(name);
+  // Never loaded: zeros, held as float32 as dummy weights are.
+  return found == loaded_dtype_.end() || found->second.empty() ? "float32" : found->second;
+}
+
 std::string LlamaModel::parameter_bytes(std::string_view name) const {
   const auto found = by_name_.find(name);
   if (found == by_name_.end()) return {};
-  const std::string& loaded = loaded_dtype_.find(name)->second;
-  // Never loaded: zeros, held as float32 as dummy weights are.
-  const Dtype dtype = loaded.empty() ? Dtype::kFloat32 : dtype_of(loaded);
+  const Dtype dtype = dtype_of(parameter_dtype(name));
   std::string bytes;
-  bytes.reserve(found->second->size() * width(dtype));
-  for (double value : *found->second) append_element(bytes, value, dtype);
+  bytes.reserve(storage(found->second).size() * width(dtype));
+  for (double value : storage(found->second)) append_element(bytes, value, dtype);
   return bytes;
 }
 

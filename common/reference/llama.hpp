@@ -60,6 +60,8 @@ class LlamaModel {
   // The parameter as bytes of the dtype it was loaded from (the bytes a trainer sent, what
   // vLLM's compute_weight_checksums hashes); empty for a name the model lacks.
   std::string parameter_bytes(std::string_view name) const;
+  // That dtype's name, as it was given ("float32" for dummy weights and for none).
+  std::string parameter_dtype(std::string_view name) const;
   // Names of parameters never set (the tied lm_head excepted): a load that missed some.
   std::vector<std::string> unset() const;
 
@@ -72,12 +74,21 @@ class LlamaModel {
   struct Layer {
     std::vector<double> input_norm, q, k, v, o, post_norm, gate, up, down;
   };
+  // Where a parameter is held, as member pointers rather than addresses, so that a copied or
+  // moved model finds its own storage.
+  struct Slot {
+    std::vector<double> LlamaModel::*top = nullptr;  // embed_, norm_, lm_head_; else a layer's
+    std::size_t layer = 0;
+    std::vector<double> Layer::*field = nullptr;
+  };
+  std::vector<double>& storage(const Slot& slot);
+  const std::vector<double>& storage(const Slot& slot) const;
   std::vector<double>* find(std::string_view name);
   const std::vector<double>& head() const;
 
   LlamaConfig config_;
   std::vector<ParameterSpec> specs_;
-  std::map<std::string, std::vector<double>*, std::less<>> by_name_;
+  std::map<std::string, Slot, std::less<>> by_name_;
   // The dtype each parameter was loaded from, as set_parameter was given it; "" until set.
   std::map<std::string, std::string, std::less<>> loaded_dtype_;
   std::vector<double> embed_, norm_, lm_head_;

@@ -71,4 +71,29 @@ tl::expected<std::shared_ptr<LlamaModel>, std::string> load_model(const std::str
   return model;
 }
 
+tl::expected<void, std::string> reload_weights(LlamaModel& model, const WeightSource& source) {
+  if (source.directory.empty()) {
+    return tl::unexpected(std::string("reload_weights: the model was not loaded from a directory"));
+  }
+  // All of it first, so that a file gone bad since the start leaves the model untouched.
+  auto fresh = load_model(source.directory, source.format, source.dummy_seed);
+  if (!fresh) return tl::unexpected("reload_weights: " + fresh.error());
+  const auto& specs = model.parameters();
+  const auto& loaded = (*fresh)->parameters();
+  const bool same = std::equal(specs.begin(), specs.end(), loaded.begin(), loaded.end(),
+                               [](const ParameterSpec& a, const ParameterSpec& b) {
+                                 return a.name == b.name && a.shape == b.shape;
+                               });
+  if (!same) {
+    return tl::unexpected("reload_weights: " + source.directory +
+                          "/config.json no longer describes the running model");
+  }
+  for (const ParameterSpec& spec : specs) {
+    auto set = model.set_parameter(spec.name, (*fresh)->parameter_dtype(spec.name), spec.shape,
+                                   (*fresh)->parameter_bytes(spec.name));
+    if (!set) return tl::unexpected("reload_weights: " + set.error());  // cannot: same specs
+  }
+  return {};
+}
+
 }  // namespace vllmd::reference

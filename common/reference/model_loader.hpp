@@ -4,6 +4,7 @@
 // seeded random initialisation (vLLM's dummy loader: every parameter uniform in ±1e-3), and
 // "auto" is safetensors (the only weights format the reference engine reads).
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -23,5 +24,15 @@ bool has_safetensors(const std::string& directory);
 tl::expected<std::shared_ptr<LlamaModel>, std::string> load_model(const std::string& directory,
                                                                   LoadFormat format,
                                                                   std::uint64_t dummy_seed = 0);
+
+// Where a running model's weights came from: what vLLM's reload_weights reads again.
+struct WeightSource {
+  std::string directory;  // empty: none (a model built in memory)
+  LoadFormat format = LoadFormat::kAuto;
+  std::uint64_t dummy_seed = 0;
+};
+
+// The source's weights again, into `model`; on any error `model` keeps what it held.
+tl::expected<void, std::string> reload_weights(LlamaModel& model, const WeightSource& source);
 
 }  // namespace vllmd::reference

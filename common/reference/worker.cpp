@@ -256,6 +256,16 @@ tl::expected<std::string, std::string> run_worker_method(WorkerState& worker,
     }
     return weight_checksums(worker, context);
   }
+  if (method == "reload_weights") {  // the model's own: ReferenceCore reads them once
+    auto bound = bind_call("Worker.reload_weights", {}, args, kwargs);
+    if (!bound) return tl::unexpected(bound.error());
+    if (context.model == nullptr) {
+      return tl::unexpected(std::string(
+          "reload_weights: this reference engine runs no model to reload (start it with "
+          "--model)"));
+    }
+    return none_value();
+  }
   auto done = run_transfer_method(worker, context, method, args, kwargs);
   if (!done) return tl::unexpected(done.error());
   return none_value();

@@ -6,7 +6,8 @@ and every token's logprob equals the trainer's within 1e-6. The trainer's model
 (examples/llama_numpy.py) is written apart from the engine's C++. Before the first sync the
 engine holds dummy weights and answers differently, so a sync that did nothing fails. A
 tensor that does not fit the model fails its update by name and changes nothing. vLLM's
-weight checker sees the model's own weights, and its reset reaches them."""
+weight checker sees the model's own weights, its reset reaches them, and reload_weights
+reads them again from the model directory."""
 
 import json
 import os
@@ -152,6 +153,27 @@ class ModelAlignmentTest(harness.DaemonTestCase):
             self.assertEqual(self.daemon.post("/weight_checker", json=compare).json()["match"],
                              True)
             self.assert_matches(model, "weights sent again")
+
+    def test_vllms_weight_checker_example_reloads_the_models_weights(self):
+        """examples/rl/weight_checker.py's steps: checksum, pause, reset, reload_weights,
+        reset the prefix cache, compare, resume; the engine answers as before the reset."""
+        before = [self.greedy(prompt)[0] for prompt in PROMPTS]
+        baseline = self.daemon.post("/weight_checker", json={"action": "checksum"}).json()
+        self.assertEqual(len(baseline["checksums"]),
+                         2 * len(llama_numpy.parameter_shapes(self.config)))  # TP=2
+        self.assertEqual(self.daemon.post("/pause?mode=abort").status_code, 200)
+        self.assertEqual(self.daemon.post("/weight_checker", json={"action": "reset"}).status_code,
+                         200)
+        reload = self.daemon.post("/collective_rpc",
+                                  json={"method": "reload_weights", "timeout": 900})
+        self.assertEqual(reload.status_code, 200, reload.text)
+        reset = self.daemon.post("/reset_prefix_cache?reset_running_requests=True")
+        self.assertEqual(reset.json(), {"success": True})
+        compare = self.daemon.post("/weight_checker", json={
+            "action": "compare", "baseline": baseline["checksums"]}).json()
+        self.assertEqual((compare["match"], compare["mismatches"]), (True, []))
+        self.assertEqual(self.daemon.post("/resume").status_code, 200)
+        self.assertEqual([self.greedy(prompt)[0] for prompt in PROMPTS], before)
 
 
 if __name__ == "__main__":

@@ -336,6 +336,17 @@ TEST_SUITE("reference_core") {
     CHECK(call(core, "get_weight_version", "[]") == "\"default\"");
   }
 
+  TEST_CASE("reload_weights needs a model: the reference engine has no other weights to read") {
+    ReferenceCore core(0, 2, Backend::kTcp);
+    CHECK(rpc(core, "reload_weights") ==
+          error("Worker failed with error 'reload_weights: this reference engine runs no model to "
+                "reload (start it with --model)', please check the stack trace above for the "
+                "root cause"));
+    CHECK(rpc(core, "reload_weights", R"({"x":1})") ==
+          error("Worker failed with error 'Worker.reload_weights() got an unexpected keyword "
+                "argument 'x'', please check the stack trace above for the root cause"));
+  }
+
   TEST_CASE("weight versions") {
     ReferenceCore core(0, 1, Backend::kNccl);
     CHECK(call(core, "get_weight_version", "[]") == "\"default\"");

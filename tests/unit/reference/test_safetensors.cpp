@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/reference/model_loader.hpp"
 #include "common/reference/safetensors.hpp"
 
 using namespace vllmd::reference;
@@ -434,5 +435,38 @@ TEST_SUITE("reference_safetensors") {
     dir.write("model.safetensors.index.json", R"({"weight_map": {"a": 1}})");
     CHECK(
         contains(load_safetensors_directory(dir.path()).error(), "places tensor \"a\" in 1, not"));
+  }
+
+  TEST_CASE("reload_weights reads the source again; one gone bad leaves the model as it was") {
+    TempDir dir;
+    const std::string config =
+        R"({"vocab_size":8,"hidden_size":4,"intermediate_size":8,"num_hidden_layers":1,)"
+        R"("num_attention_heads":2})";
+    dir.write("config.json", config);
+    auto model = load_model(dir.path(), LoadFormat::kDummy, 5);
+    REQUIRE_MESSAGE(model, model.error());
+    const std::string name = "model.layers.0.mlp.up_proj.weight";
+    const std::string loaded = (*model)->parameter_bytes(name);
+    (*model)->reset_weights(1);
+    const std::string reset = (*model)->parameter_bytes(name);
+    REQUIRE(reset != loaded);
+    REQUIRE(reload_weights(**model, {dir.path(), LoadFormat::kDummy, 5}));
+    CHECK((*model)->parameter_bytes(name) == loaded);
+
+    (*model)->reset_weights(1);
+    auto no_file = reload_weights(**model, {dir.path(), LoadFormat::kSafetensors});
+    REQUIRE_FALSE(no_file);
+    CHECK(no_file.error() == "reload_weights: cannot open " + dir.path() +
+                                 "/model.safetensors: No such file or directory");
+    CHECK((*model)->parameter_bytes(name) == reset);
+    dir.write("config.json", R"({"vocab_size":8,"hidden_size":4,"intermediate_size":6,)"
+                             R"("num_hidden_layers":1,"num_attention_heads":2})");
+    auto changed = reload_weights(**model, {dir.path(), LoadFormat::kDummy, 5});
+    REQUIRE_FALSE(changed);
+    CHECK(changed.error() ==
+          "reload_weights: " + dir.path() + "/config.json no longer describes the running model");
+    CHECK((*model)->parameter_bytes(name) == reset);
+    CHECK(reload_weights(**model, {}).error() ==
+          "reload_weights: the model was not loaded from a directory");
   }
 }
