@@ -1,5 +1,7 @@
 #include "common/api/rollout.hpp"
 
+#include <tuple>
+
 #include "common/api/generation.hpp"
 #include "common/api/rollout_group.hpp"
 #include "common/api/service.hpp"
@@ -32,6 +34,13 @@ void append_object_head(std::string& json, const RolloutSetup& setup) {
   json += std::to_string(setup.created);
   json += ",\"model\":";
   wire::append_json_string(json, setup.model_name);
+}
+
+// ,"weight_version":"..." when there is one.
+void append_weight_version(std::string& json, const std::string* version) {
+  if (version == nullptr) return;
+  json += ",\"weight_version\":";
+  wire::append_json_string(json, *version);
 }
 
 std::string event_head(const RolloutSetup& setup) {
@@ -72,6 +81,7 @@ std::string answer_body(const RolloutSetup& setup, const AnswerParts& parts) {
   }
   json += ",\"kv_transfer_params\":";
   json += parts.kv_transfer_params;
+  if (!setup.completion) append_weight_version(json, parts.weight_version);
   json += '}';
   return json;
 }
@@ -205,6 +215,12 @@ void Rollout::label_version() {
   weight_versions_ += '}';
 }
 
+std::pair<std::uint64_t, std::shared_ptr<const std::string>> Rollout::answer_version() const {
+  if (versions_ == nullptr) return {0, nullptr};
+  if (last_version_) return {version_epoch_, last_version_};
+  return {versions_->epoch(), versions_->version()};
+}
+
 void Rollout::on_output(const wire::OutputView& output) {
   if (ended_) return;
   // The heap lines an event reads, asked for together rather than one miss after another.
@@ -299,6 +315,8 @@ std::string Rollout::chunk(std::optional<std::string_view> finish_reason,
   } else {
     event += "null";
   }
+  // The terminal chunk carries the answer's weight version too, as vime reads it.
+  if (finish_reason && !completion_) append_weight_version(event, answer_version().second.get());
   event += "}\n\n";
   return event;
 }
@@ -319,7 +337,9 @@ std::string Rollout::body(std::string_view finish_reason,
       128 + tokens_.size() * 7 + logprob_items_.size() +
       (completion_ ? prompt_logprob_rows_.size() + setup_.prompt_token_ids.size() * 7 : 0));
   append_choice_to(choice, finish_reason, stop_token, true);
-  return answer_body(setup_, {choice, usage(), prompt_logprob_rows_, kv_transfer_params_});
+  const auto version = answer_version().second;
+  return answer_body(setup_,
+                     {choice, usage(), prompt_logprob_rows_, kv_transfer_params_, version.get()});
 }
 
 void Rollout::finish(std::string_view reason, std::optional<std::int64_t> stop_token) {
@@ -358,6 +378,7 @@ void Rollout::finish_choice(std::string_view reason, std::optional<std::int64_t>
   end.prompt_logprob_rows = std::move(prompt_logprob_rows_);
   end.kv_transfer_params = std::move(kv_transfer_params_);
   end.stats = stats();
+  std::tie(end.version_epoch, end.version) = answer_version();
   group_->choice_finished(std::move(end));
 }
 

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/api/call.hpp"
@@ -74,6 +75,9 @@ struct AnswerParts {
   Usage usage;
   std::string_view prompt_logprob_rows;  // the generate route's: what follows the leading null
   std::string_view kv_transfer_params;   // JSON
+  // The generate route's one label for the answer (vime reads it): the version of its last
+  // token, or the one in force when it ended without tokens. Null: none.
+  const std::string* weight_version = nullptr;
 };
 std::string answer_body(const RolloutSetup& setup, const AnswerParts& parts);
 std::string closing_events(const RolloutSetup& setup, const Usage& usage);
@@ -87,6 +91,9 @@ struct ChoiceEnd {
   std::string prompt_logprob_rows;
   std::string kv_transfer_params;
   ChoiceStats stats;
+  // Its answer_version(): the answer's label is the newest of its choices' (highest epoch).
+  std::uint64_t version_epoch = 0;
+  std::shared_ptr<const std::string> version;
 };
 
 class Rollout final : public engine::RequestSink, public InFlightAnswer {
@@ -111,6 +118,9 @@ class Rollout final : public engine::RequestSink, public InFlightAnswer {
   void begin_stream();
   bool stream_open() const;  // its head went out (this choice's or, in a group, another's)
   void label_version();      // a commit happened since the last tokens
+  // The version its last token came under, else the one in force now; its epoch first. A
+  // null version when nothing labels the tokens.
+  std::pair<std::uint64_t, std::shared_ptr<const std::string>> answer_version() const;
   void finish(std::string_view reason, std::optional<std::int64_t> stop_token);
   void finish_choice(std::string_view reason, std::optional<std::int64_t> stop_token);
   void fail(const ApiError& error);

@@ -75,8 +75,11 @@ void RolloutGroup::answer() {
     }
     // The generate route's prompt_logprobs are the first prompt's (it has only one).
     const ChoiceEnd& first = finished_.front();
-    response.body =
-        answer_body(head_, {choices, usage, first.prompt_logprob_rows, first.kv_transfer_params});
+    const ChoiceEnd& newest = *std::max_element(
+        finished_.begin(), finished_.end(),
+        [](const ChoiceEnd& a, const ChoiceEnd& b) { return a.version_epoch < b.version_epoch; });
+    response.body = answer_body(head_, {choices, usage, first.prompt_logprob_rows,
+                                        first.kv_transfer_params, newest.version.get()});
   }
   response.tokens = usage.completion_tokens;
   response.choices.reserve(finished_.size());

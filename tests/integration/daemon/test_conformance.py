@@ -78,12 +78,15 @@ class Vime(GenerateTestCase):
 
     @staticmethod
     def read_stream(events):
-        """vime's streaming rollout: token deltas, logprobs, finish_reason and the usage chunk."""
-        tokens, logprobs, finish, usage = [], [], None, None
+        """vime's streaming rollout: token deltas, logprobs, finish_reason, the usage chunk and
+        the weight version (from any chunk that has one)."""
+        tokens, logprobs, finish, usage, version = [], [], None, None, None
         for event in events:
             if event == "[DONE]":
                 break
             chunk = json.loads(event)
+            if chunk.get("weight_version") is not None:
+                version = str(chunk["weight_version"])
             if not chunk["choices"]:
                 usage = chunk["usage"]
                 continue
@@ -92,7 +95,7 @@ class Vime(GenerateTestCase):
             if choice["logprobs"]:
                 logprobs += [item["logprob"] for item in choice["logprobs"]["content"]]
             finish = choice["finish_reason"] or finish
-        return tokens, logprobs, finish, usage
+        return tokens, logprobs, finish, usage, version
 
     def test_streaming_rollout_and_its_abort_by_pause_loop_resending_the_prefix(self):
         daemon, (engine,) = self.start(engine_flags=["--step-ms", "20"])
@@ -117,8 +120,9 @@ class Vime(GenerateTestCase):
         self.assertEqual(daemon.post("/resume", json={}).status_code, 200)
         self.assertEqual(first["status"], 200)
         self.assertEqual(first["events"][-1], "[DONE]")
-        partial, logprobs, finish, usage = self.read_stream(first["events"])
+        partial, logprobs, finish, usage, version = self.read_stream(first["events"])
         self.assertEqual(finish, "abort")
+        self.assertEqual(version, "default")  # vime appends it to the sample's weight_versions
         self.assertGreater(len(partial), 0)
         self.assertLess(len(partial), budget)
         self.assertEqual(len(logprobs), len(partial))
@@ -128,8 +132,9 @@ class Vime(GenerateTestCase):
         rest = budget - len(partial)
         second = {}
         self.stream(daemon, payload(prompt + partial, rest), second)
-        tokens, logprobs, finish, usage = self.read_stream(second["events"])
+        tokens, logprobs, finish, usage, version = self.read_stream(second["events"])
         self.assertEqual(finish, "length")
+        self.assertEqual(version, "default")
         self.assertEqual(tokens, ref_tokens.tokens(prompt + partial, rest, seed=5))
         self.assertEqual(len(logprobs), rest)
         self.assertEqual(usage["prompt_tokens"], len(prompt) + len(partial))

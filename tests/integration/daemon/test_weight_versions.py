@@ -56,8 +56,10 @@ class WeightVersions(GenerateTestCase):
         self.assertEqual(last["finish_reason"], "length")
         self.assertEqual(last["weight_versions"], [{"version": "v1", "first_token": 0},
                                                    {"version": "v2", "first_token": frozen}])
-        # Only the last chunk carries them.
+        # Only the last chunk carries them, and vime's one label: the last token's version.
         self.assertTrue(all("weight_versions" not in e["choices"][0] for e in events[:-1]))
+        self.assertEqual(events[-1]["weight_version"], "v2")
+        self.assertTrue(all("weight_version" not in e for e in events[:-1]))
         # The engine's tokens agree: the first `frozen` from v1's weights, the rest from v2's
         # (one finished session each: the version and the session count make the weights).
         under_v1 = ref_tokens.tokens(prompt, 60, 7, weights=ref_tokens.fingerprint("v1", 1))
@@ -70,12 +72,35 @@ class WeightVersions(GenerateTestCase):
         answer = self.generate(daemon, body([5], max_tokens=3)).json()
         self.assertEqual(answer["choices"][0]["weight_versions"],
                          [{"version": "default", "first_token": 0}])
+        self.assertEqual(answer["weight_version"], "default")  # what vime reads
         self.assertEqual(daemon.post("/init_weight_transfer_engine",
                                      json={"init_info": NCCL_INIT_INFO}).status_code, 200)
         self.commit(daemon, "step-3")
         completion = daemon.post("/v1/completions", json={"prompt": [5], "max_tokens": 2}).json()
         self.assertEqual(completion["choices"][0]["weight_versions"],
                          [{"version": "step-3", "first_token": 0}])
+        # n > 1 on the generate route: one label for the answer, and each choice's own.
+        several = self.generate(daemon, body([5], max_tokens=2, n=2)).json()
+        self.assertEqual(several["weight_version"], "step-3")
+        self.assertEqual([c["weight_versions"] for c in several["choices"]],
+                         [[{"version": "step-3", "first_token": 0}]] * 2)
+
+    def test_an_answer_without_tokens_names_the_version_in_force_when_it_ended(self):
+        daemon, _ = self.start(engine_flags=["--step-ms", "20"])
+        self.assertEqual(daemon.post("/pause", params={"mode": "keep"}).status_code, 200)
+        answer = {}
+
+        def run():
+            answer["json"] = self.generate(daemon, body([5], max_tokens=3)).json()
+        thread = threading.Thread(target=run)
+        thread.start()
+        time.sleep(0.3)  # queued behind the pause: no tokens yet
+        self.assertEqual(daemon.post("/pause", params={"mode": "abort"}).status_code, 200)
+        thread.join(10)
+        self.assertEqual(answer["json"]["choices"][0]["finish_reason"], "abort")
+        self.assertEqual(answer["json"]["choices"][0]["token_ids"], [])
+        self.assertEqual(answer["json"]["choices"][0]["weight_versions"], [])
+        self.assertEqual(answer["json"]["weight_version"], "default")
 
 
 if __name__ == "__main__":
