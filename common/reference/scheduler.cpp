@@ -97,6 +97,7 @@ void Scheduler::abort(std::span<const std::string> request_ids) {
     std::erase_if(running_, same);
     std::erase_if(waiting_, same);
     std::erase_if(endings_, same);
+    stats_pending_ = true;
     if (options_.include_finished_set) client_aborted_.push_back(id);
   }
 }
@@ -124,7 +125,7 @@ void Scheduler::set_fingerprint(std::uint64_t fingerprint) {
 }
 
 bool Scheduler::has_work() const {
-  if (!endings_.empty() || !client_aborted_.empty()) return true;
+  if (!endings_.empty() || !client_aborted_.empty() || stats_pending_) return true;
   if (state_ == State::kPausedAll) return false;
   return !running_.empty() || (state_ == State::kRunning && !waiting_.empty());
 }
@@ -276,6 +277,7 @@ void Scheduler::finish(std::string_view id) {
 }
 
 const wire::OutputsToSend& Scheduler::step(double timestamp) {
+  stats_pending_ = false;
   // In reverse, so that the next step's outputs take back the same buffers in order.
   for (auto output = outbox_.outputs.rbegin(); output != outbox_.outputs.rend(); ++output) {
     spare_.push_back(std::move(*output));

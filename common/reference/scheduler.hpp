@@ -125,6 +125,9 @@ class Scheduler {
   std::vector<Request> running_;
   std::vector<Ending> endings_;
   std::vector<std::string> client_aborted_;  // for finished_requests
+  // A client aborted a request in flight: one step reports the stats without it, as vLLM's
+  // scheduler steps while aborted ids wait to be reported.
+  bool stats_pending_ = false;
   std::unordered_set<std::string> in_flight_;
   const LlamaModel* model_ = nullptr;
   std::vector<double> logits_, logprobs_, probs_;  // one token's, reused

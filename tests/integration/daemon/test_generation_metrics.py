@@ -78,6 +78,25 @@ class GenerationMetrics(GenerateTestCase):
             self.assertGreaterEqual(metric(f"vllm:num_requests_running{{{labels(engine)}}}"), 0)
             self.assertGreaterEqual(metric(f"vllm:num_requests_waiting{{{labels(engine)}}}"), 0)
 
+    def test_running_counts_the_engines_batch_while_it_generates(self):
+        daemon, engines = self.start(dp=2, engine_flags=["--step-ms", "20"])
+        threads = [threading.Thread(target=self.generate, args=(
+            daemon, body([i + 1], max_tokens=100000, ignore_eos=True)),
+            kwargs={"headers": {"X-data-parallel-rank": "0", "X-Request-Id": f"long-{i}"}})
+            for i in range(3)]
+        for thread in threads:
+            thread.start()
+        running = f"vllm:num_requests_running{{{labels(0)}}}"
+        wait_until(lambda: daemon.metric(running) == 3, 10, message="3 running on engine 0")
+        self.assertEqual(daemon.metric(f"vllm:num_requests_running{{{labels(1)}}}"), 0)
+        self.assertEqual(daemon.metric(f"vllm:num_requests_waiting{{{labels(0)}}}"), 0)
+        self.assertEqual(daemon.metric('vllmd_engine_requests_in_flight{engine="0"}'), 3)
+        daemon.post("/abort_requests", json={"request_ids": [f"long-{i}" for i in range(3)]})
+        for thread in threads:
+            thread.join(10)
+        wait_until(lambda: daemon.metric(running) == 0, 10, message="engine 0 idle")
+        self.assertEqual(daemon.metric('vllmd_engine_requests_in_flight{engine="0"}'), 0)
+
     def test_an_engine_abort_by_pause_counts_under_cause_engine(self):
         daemon, (engine,) = self.start(engine_flags=["--step-ms", "20"])
         result = {}

@@ -278,6 +278,26 @@ TEST_SUITE("reference_scheduler") {
     CHECK(step.scheduler_stats->running == 1);
   }
 
+  TEST_CASE("a client abort that empties the batch still gets one step: its stats say so") {
+    // vLLM's scheduler steps while aborted ids wait to be reported and returns its stats even
+    // without outputs; otherwise the frontend's running gauge would keep the aborted ones.
+    Scheduler scheduler({});
+    scheduler.add(request("a", max_tokens(10)));
+    scheduler.step(0);
+    scheduler.abort(std::vector<std::string>{"unknown"});
+    CHECK(scheduler.has_work());  // "a" still runs
+    scheduler.abort(std::vector<std::string>{"a"});
+    REQUIRE(scheduler.has_work());
+    const auto& step = scheduler.step(0);
+    CHECK(step.outputs.empty());
+    REQUIRE(step.scheduler_stats);
+    CHECK(step.scheduler_stats->running == 0);
+    CHECK(step.scheduler_stats->waiting == 0);
+    CHECK_FALSE(scheduler.has_work());
+    scheduler.abort(std::vector<std::string>{"a"});  // no longer in flight: nothing to report
+    CHECK_FALSE(scheduler.has_work());
+  }
+
   TEST_CASE("the generate fault ends a request with ERROR and no tokens") {
     Scheduler scheduler({.include_finished_set = true});
     scheduler.add(request("bad"), true);
