@@ -39,7 +39,8 @@ std::string exit_code_help() {
        << "  " << exit_code::kNoInput << "  input file missing or unreadable\n"
        << "  " << exit_code::kUnavailable
        << "  daemon or engine unavailable: connect failure, HTTP 503 (or 404)\n"
-       << "  " << exit_code::kEngineFailed << "  engine call failed: HTTP 500\n"
+       << "  " << exit_code::kEngineFailed
+       << "  engine call failed: HTTP 500, or a stream cut short\n"
        << "  " << exit_code::kTimeout
        << "  try again later: HTTP 504, no reply within --timeout, or HTTP 409 (another\n"
        << "      client's weight-update session is open)\n"

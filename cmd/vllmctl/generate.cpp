@@ -165,9 +165,11 @@ int streamed(const Context& context, const std::string& body, bool several) {
   std::string finish_reason;
   std::optional<api::ApiError> failed;
   std::size_t tokens = 0;
+  bool done = false;
   Call call{api::Operation::kGenerate, {}, body};
   call.on_line = [&](std::string_view line) {
-    if (line.substr(0, 6) != "data: " || line == "data: [DONE]") return;
+    if (line == "data: [DONE]") done = true;
+    if (line.substr(0, 6) != "data: " || done) return;
     const std::string_view json = line.substr(6);
     auto reply = JsonReply::parse(json);
     if (!reply) return;
@@ -198,6 +200,11 @@ int streamed(const Context& context, const std::string& body, bool several) {
   if (!reply) return reply.error();
   if (failed) {
     out.error(kCommand, failed->message);
+    return api::exit_code::kEngineFailed;
+  }
+  if (!done) {  // vllmd ends every stream with [DONE]: this one was cut short
+    out.error(kCommand,
+              "the stream ended without [DONE] after " + std::to_string(tokens) + " token(s)");
     return api::exit_code::kEngineFailed;
   }
   out.note(std::string(kCommand) + ": " + std::to_string(tokens) + " token(s), finish_reason " +

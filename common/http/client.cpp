@@ -111,6 +111,9 @@ std::optional<TransportError> exchange(Poco::Net::HTTPClientSession& session,
     std::istream& in = session.receiveResponse(response);
     const int status = static_cast<int>(response.getStatus());
     if (request.on_line && status >= 200 && status < 300) {
+      // A stream can go quiet past the timeout, or break, after its head: Poco's exception
+      // must come through, not end the lines as if the stream had ended.
+      in.exceptions(std::ios::badbit);
       for (std::string line; std::getline(in, line);) request.on_line(line);
     } else {
       Poco::StreamCopier::copyToString(in, body);

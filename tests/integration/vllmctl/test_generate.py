@@ -3,8 +3,11 @@ option checked where it lands (the reference engine's record of the ADD it got),
 formats, and every exit code of the documented table it can give."""
 
 import json
+import subprocess
+import time
 
 from ctl_harness import CtlTestCase
+from harness import binary, clean_env, die_with_parent
 import ref_tokens
 
 
@@ -89,3 +92,54 @@ class GenerateTest(CtlTestCase):
         # Nobody listening: 69.
         self.server = "http://127.0.0.1:9"
         self.assert_exit(self.ctl("generate", "--tokens", "1"), 69)
+
+
+class GenerateAnswerCodesTest(CtlTestCase):
+    """The rest of the table: what the server's answer (or its silence) makes of a generate."""
+
+    def test_no_answer_within_the_timeout_exits_75_and_the_request_ends(self):
+        daemon, engine = self.start_external()
+        self.assertEqual(daemon.post("/pause", params={"mode": "keep"}).status_code, 200)
+        for stream in ((), ("--stream",)):
+            with self.subTest(stream=stream):
+                started = time.monotonic()
+                self.assert_exit(self.ctl("--timeout", "1", "generate", "--tokens", "1,2",
+                                          *stream), 75, "no reply within 1 s")
+                self.assertLess(time.monotonic() - started, 4.5)
+        # vllmctl hung up: vllmd aborted both queued requests rather than keep them.
+        self.assertEqual(daemon.post("/resume").status_code, 200)
+        deadline = time.monotonic() + 10
+        while daemon.metric("vllmd_generations_in_flight") != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(daemon.metric("vllmd_generations_in_flight"), 0)
+        self.assertEqual(daemon.metric('vllmd_generation_aborts_total{cause="client_gone"}'), 2)
+
+    def test_a_stream_cut_short_is_a_failure_not_an_answer(self):
+        daemon, _ = self.start_external("--step-ms", "50")
+        ctl = subprocess.Popen(
+            [binary("VLLMCTL_BIN"), "--server", self.server, "generate", "--tokens", "1,2",
+             "--max-tokens", "10000", "--stream"], env=clean_env(None),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=self.workdir, preexec_fn=die_with_parent)
+        first = ctl.stdout.readline()  # the first event's ids: the stream is on
+        self.assertTrue(first.split())
+        daemon.kill()
+        _, stderr = ctl.communicate(timeout=20)
+        # Not a short answer with exit 0: the call failed, and says how far it got.
+        self.assertEqual(ctl.returncode, 70, stderr)
+        self.assertIn("the stream ended without [DONE] after", stderr)
+
+    def test_a_missing_or_wrong_token_exits_77_and_the_right_one_generates(self):
+        self.start_daemon("--api-key", "secret")
+        self.assert_exit(self.ctl("generate", "--tokens", "1"), 77, "missing or invalid API key")
+        self.assert_exit(self.ctl("generate", "--tokens", "1", "--stream",
+                                  env={"VLLMCTL_TOKEN": "wrong"}), 77)
+        result = self.assert_ok(self.ctl("generate", "--tokens", "1", "--max-tokens", "2",
+                                         env={"VLLMCTL_TOKEN": "secret"}))
+        self.assertEqual(len(result.stdout.split()), 2)
+
+    def test_a_bad_server_exits_78_before_reading_the_prompt(self):
+        result = self.ctl("--server", "ftp://127.0.0.1:1", "generate", "--input", "-",
+                          server=False, input="1 2 3")
+        self.assert_exit(result, 78, "--server")
+        self.assertEqual(result.stdout, "")
