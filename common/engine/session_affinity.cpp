@@ -12,9 +12,10 @@ int SessionAffinity::choose(std::string_view session, std::span<const Candidate>
   const std::uint64_t now = ++choices_;
   auto found = sessions_.find(session);
   if (found == sessions_.end()) {
-    sessions_.emplace(std::string(session), Placement{least_loaded, now});
+    const int rank = place(session, engines, least_loaded);
+    sessions_.emplace(std::string(session), Placement{rank, now});
     if (sessions_.size() > capacity_) forget_least_recent();
-    return least_loaded;
+    return rank;
   }
   Placement& placement = found->second;
   placement.used = now;
@@ -32,6 +33,22 @@ int SessionAffinity::choose(std::string_view session, std::span<const Candidate>
             std::to_string(imbalance_) + ")";
   }
   placement.rank = least_loaded;
+  return least_loaded;
+}
+
+int SessionAffinity::place(std::string_view session, std::span<const Candidate> engines,
+                           int least_loaded) {
+  // Among the ready engines as lightly loaded as the least, the session's hash picks: new
+  // sessions that come one at a time to idle engines spread over all of them, rather than all
+  // settling on the first, where their later turns would meet.
+  const std::int64_t best = engines[static_cast<std::size_t>(least_loaded)].score;
+  std::size_t ties = 0;
+  for (const Candidate& engine : engines) ties += engine.ready && engine.score == best ? 1 : 0;
+  std::size_t pick = Hash{}(session) % ties;
+  for (std::size_t rank = 0; rank < engines.size(); ++rank) {
+    if (!engines[rank].ready || engines[rank].score != best) continue;
+    if (pick-- == 0) return static_cast<int>(rank);
+  }
   return least_loaded;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Session affinity (X-Session-ID): the requests of one session go to one data-parallel engine,
-// so that a multi-turn rollout finds its prefix in that engine's cache. A session stays while
+// so that a multi-turn rollout finds its prefix in that engine's cache. A new session goes to
+// the least loaded engine (its hash picks among equally loaded ones). A session stays while
 // its engine is ready and not far more loaded than the least loaded one (more than
 // `imbalance` above its load score); then it moves to the least loaded and says why. The
 // table is bounded: past `capacity` sessions the least recently used half is forgotten (a
@@ -42,6 +43,8 @@ class SessionAffinity {
     int rank = 0;
     std::uint64_t used = 0;  // the choice that last used it: least recently used goes first
   };
+  // A new session's rank.
+  int place(std::string_view session, std::span<const Candidate> engines, int least_loaded);
   void forget_least_recent();
 
   std::int64_t imbalance_;

@@ -1,6 +1,7 @@
-"""What prime-rl and vime send, exactly, and every field they read, checked as each client checks
-it (the project's spec of the RL clients, prime-rl's and vime's sections; SkyRL's n > 1 and prompt_logprobs
-are in test_choices.py, TRL's and AReaL's bodies in test_completions.py). Real vllmd and
+"""What prime-rl, vime and SkyRL's rollouts send, exactly, and every field they read, checked as
+each client checks it (the project's spec of the RL clients, prime-rl's, vime's and SkyRL's
+sections; SkyRL's n > 1 and prompt_logprobs are in test_choices.py, TRL's and AReaL's bodies in
+test_completions.py). Real vllmd and
 vllm-ref-engine processes; every token id is checked against the weights the engine holds."""
 
 import json
@@ -68,6 +69,36 @@ class PrimeRl(GenerateTestCase):
         self.assertIsNone(rows[0])
         for position, row in enumerate(rows[1:], start=1):
             self.assertTrue(math.isfinite(row[str(prompt[position])]["logprob"]))
+
+
+class SkyRl(GenerateTestCase):
+    def test_rollout_as_generate_single_sends_it_and_reads_it(self):
+        # RemoteInferenceClient._generate_single: get_vllm_sampling_params' keys (stop left at
+        # its default, None), the model, the prompt ids and the session header; not streamed.
+        daemon, (engine,) = self.start()
+        prompt = [17, 18, 19, 20, 21]
+        sampling = {"min_tokens": 1, "skip_special_tokens": True,
+                    "include_stop_str_in_output": True, "max_tokens": 12, "temperature": 1.0,
+                    "top_p": 1.0, "top_k": -1, "min_p": 0.0, "logprobs": 1, "stop": None}
+        response = self.generate(daemon, {"sampling_params": sampling, "model": "default",
+                                          "token_ids": prompt},
+                                 headers={"X-Session-ID": "skyrl-traj-0"})
+        self.assertEqual(response.status_code, 200, response.text)  # a 4xx raises in SkyRL
+        choice = response.json()["choices"][0]
+        # What it reads: the ids, the finish reason and one logprob per id.
+        add, = records(engine, "ADD")
+        ids = choice["token_ids"]
+        # No seed: the engine's tokens follow from the id vllmd gave the request.
+        self.assertEqual(ids, ref_tokens.tokens(prompt, 12, None, request_id=add["request_id"]))
+        self.assertEqual(choice["finish_reason"], "length")
+        logprobs = [item["logprob"] for item in choice["logprobs"]["content"]]
+        self.assertEqual(len(logprobs), len(ids))
+        self.assertTrue(all(math.isfinite(value) and value <= 0 for value in logprobs))
+        sent = add["sampling_params"]
+        self.assertEqual((sent["min_tokens"], sent["logprobs"], sent["max_tokens"],
+                          sent["temperature"], sent["top_p"]), (1, 1, 12, 1.0, 1.0))
+        self.assertNotIn("top_k", sent)  # -1 is vLLM's 0, its default, which the map leaves out
+        self.assertEqual(add["prompt_token_ids"], prompt)
 
 
 class Vime(GenerateTestCase):

@@ -61,6 +61,23 @@ class SessionAffinity(GenerateTestCase):
                    message="the move in vllmd's log")
         self.assertIn(f"engine rank {lost} is not ready", daemon.log())
 
+    def test_completions_keep_a_session_on_one_engine_too(self):
+        # SkyRL's Tinker forwarding sends X-Session-ID on /v1/completions.
+        daemon, engines = self.start(dp=2)
+        for turn in range(6):
+            for session in range(4):
+                response = daemon.post("/v1/completions",
+                                       json={"prompt": [3, 1, 4], "max_tokens": 2},
+                                       headers={"X-Session-ID": f"c{session}",
+                                                "X-Request-Id": f"c{session}-turn{turn}"})
+                self.assertEqual(response.status_code, 200, response.text)
+        placement = {}
+        for session in range(4):
+            ranks = {engine_of(engines, f"c{session}-turn{turn}") for turn in range(6)}
+            self.assertEqual(len(ranks), 1, f"session c{session} went to engines {ranks}")
+            placement[session] = ranks.pop()
+        self.assertEqual(set(placement.values()), {0, 1}, placement)
+
     def test_a_far_more_loaded_engine_loses_the_session(self):
         # engine.session_imbalance 2: a session moves once its engine holds 3 more requests.
         config = os.path.join(self.workdir, "vllmd.toml")

@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,7 +15,7 @@ using Candidate = SessionAffinity::Candidate;
 TEST_CASE("a session stays on its engine within the imbalance and moves past it") {
   SessionAffinity sessions(/*imbalance=*/4);
   std::string moved;
-  std::vector<Candidate> engines{{true, 0}, {true, 0}};
+  std::vector<Candidate> engines{{true, 1}, {true, 0}};
   CHECK(sessions.choose("a", engines, 1, moved) == 1);  // new: the least loaded
   CHECK(moved.empty());
   engines = {{true, 0}, {true, 4}};  // 4 above the least loaded: stays
@@ -27,6 +28,21 @@ TEST_CASE("a session stays on its engine within the imbalance and moves past it"
   engines = {{true, 3}, {true, 0}};
   CHECK(sessions.choose("a", engines, 1, moved) == 0);
   CHECK(moved.empty());
+}
+
+TEST_CASE("new sessions spread over equally loaded engines, each by its own hash") {
+  SessionAffinity sessions(/*imbalance=*/4);
+  std::string moved;
+  const std::vector<Candidate> idle{{true, 0}, {false, 0}, {true, 0}, {true, 3}};
+  std::set<int> used;
+  for (int i = 0; i < 32; ++i) {
+    const std::string session = "s" + std::to_string(i);
+    const int rank = sessions.choose(session, idle, 0, moved);
+    CHECK((rank == 0 || rank == 2));  // ready and least loaded only
+    used.insert(rank);
+    CHECK(sessions.choose(session, idle, 0, moved) == rank);  // and then it stays
+  }
+  CHECK(used == std::set<int>{0, 2});
 }
 
 TEST_CASE("an engine that is not ready loses its sessions; no session means the least loaded") {
