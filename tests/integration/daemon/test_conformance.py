@@ -56,19 +56,26 @@ class PrimeRl(GenerateTestCase):
         add, = records(engine, "ADD")
         self.assertEqual(add["sampling_params"]["logprobs"], k + 2)
 
-    def test_scoring_with_prompt_logprobs_and_max_tokens_left_out(self):
+    def test_prefill_logprobs_scoring_reads_the_first_value_of_each_row(self):
+        # utils/client.py prefill_logprobs: max_tokens 1, temperature and top_p 1, prompt
+        # logprobs 1; it reads each row's first value, which must be the prompt's own token.
         daemon, (engine,) = self.start()
         prompt = [5, 6, 7, 8, 9]
         response = self.generate(daemon, {"model": "default", "token_ids": prompt,
-                                          "sampling_params": {"prompt_logprobs": 1,
-                                                              "max_tokens": 1,
-                                                              "temperature": 1.0}})
+                                          "sampling_params": {"max_tokens": 1,
+                                                              "temperature": 1.0, "top_p": 1.0,
+                                                              "prompt_logprobs": 1}})
         self.assertEqual(response.status_code, 200, response.text)
         rows = response.json()["prompt_logprobs"]
         self.assertEqual(len(rows), len(prompt))
         self.assertIsNone(rows[0])
         for position, row in enumerate(rows[1:], start=1):
-            self.assertTrue(math.isfinite(row[str(prompt[position])]["logprob"]))
+            first_key, first = next(iter(row.items()))
+            self.assertEqual(first_key, str(prompt[position]))
+            self.assertTrue(math.isfinite(first["logprob"]))
+            self.assertNotEqual(first["logprob"], -9999.0)
+        add, = records(engine, "ADD")
+        self.assertEqual(add["sampling_params"]["prompt_logprobs"], 1)
 
 
 class SkyRl(GenerateTestCase):

@@ -498,5 +498,26 @@ class DataParallel(GenerateTestCase):
             self.assertEqual(len(records(engines[rank], "ADD")), before + 1)
 
 
+class WithoutDevMode(GenerateTestCase):
+    def test_the_rollout_routes_serve_and_the_control_plane_does_not(self):
+        # The embedded engine, as `vllmd` runs with no flags: rollouts need no dev mode.
+        daemon = self.launch_daemon([])
+        daemon.wait_healthy()
+        answer = self.generate(daemon, body([1, 2, 3], max_tokens=3))
+        self.assertEqual(answer.status_code, 200, answer.text)
+        self.assertEqual(len(answer.json()["choices"][0]["token_ids"]), 3)
+        completion = daemon.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2,
+                                                          "return_token_ids": True})
+        self.assertEqual(completion.status_code, 200, completion.text)
+        self.assertEqual(len(completion.json()["choices"][0]["token_ids"]), 2)
+        with daemon.post(GENERATE, json={**body([4], max_tokens=2), "stream": True},
+                         stream=True) as streamed:
+            self.assertEqual(streamed.status_code, 200)
+            self.assertEqual(sse_events(streamed)[-1], "[DONE]")
+        # vLLM hides its admin routes, /abort_requests among them, without dev mode.
+        for path in ("/pause", "/abort_requests", "/start_weight_update", "/collective_rpc"):
+            self.assertEqual(daemon.post(path, json={}).status_code, 404, path)
+
+
 if __name__ == "__main__":
     unittest.main()
