@@ -58,7 +58,9 @@ class GenerationMetrics(GenerateTestCase):
         generated_0 = metric(f"vllm:generation_tokens_total{{{labels(0)}}}")
         self.assertGreater(generated_0, 18)  # 18 plus the left stream's
         generated_1 = metric(f"vllm:generation_tokens_total{{{labels(1)}}}")
-        self.assertGreater(generated_1, 8)
+        # 8, plus the aborted request's tokens, every one of which its answer returned.
+        aborted_tokens = len(result["response"].json()["choices"][0]["token_ids"])
+        self.assertEqual(generated_1, 8 + aborted_tokens)
         self.assertEqual(generated_0 + generated_1, metric("vllmd_generation_tokens_total"))
         # One time to first token and one end-to-end latency per engine request.
         self.assertEqual(metric(f"vllm:time_to_first_token_seconds_count{{{labels(0)}}}"), 4)
@@ -78,8 +80,9 @@ class GenerationMetrics(GenerateTestCase):
             self.assertGreaterEqual(metric(f"vllm:num_requests_running{{{labels(engine)}}}"), 0)
             self.assertGreaterEqual(metric(f"vllm:num_requests_waiting{{{labels(engine)}}}"), 0)
 
-    def test_running_counts_the_engines_batch_while_it_generates(self):
-        daemon, engines = self.start(dp=2, engine_flags=["--step-ms", "20"])
+    def test_running_and_waiting_count_the_engines_batch_and_queue(self):
+        # Two run at a time: of three requests, two run and one waits.
+        daemon, engines = self.start(dp=2, engine_flags=["--step-ms", "20", "--max-num-seqs", "2"])
         threads = [threading.Thread(target=self.generate, args=(
             daemon, body([i + 1], max_tokens=100000, ignore_eos=True)),
             kwargs={"headers": {"X-data-parallel-rank": "0", "X-Request-Id": f"long-{i}"}})
@@ -87,15 +90,22 @@ class GenerationMetrics(GenerateTestCase):
         for thread in threads:
             thread.start()
         running = f"vllm:num_requests_running{{{labels(0)}}}"
-        wait_until(lambda: daemon.metric(running) == 3, 10, message="3 running on engine 0")
+        waiting = f"vllm:num_requests_waiting{{{labels(0)}}}"
+        wait_until(lambda: (daemon.metric(running), daemon.metric(waiting)) == (2, 1), 10,
+                   message="2 running and 1 waiting on engine 0")
         self.assertEqual(daemon.metric(f"vllm:num_requests_running{{{labels(1)}}}"), 0)
-        self.assertEqual(daemon.metric(f"vllm:num_requests_waiting{{{labels(0)}}}"), 0)
         self.assertEqual(daemon.metric('vllmd_engine_requests_in_flight{engine="0"}'), 3)
+        # The load score the DP balance and the session bound use: 3 in flight, 1 waiting ×4.
+        self.assertEqual(daemon.metric('vllmd_engine_load_score{engine="0"}'), 6)
+        self.assertEqual(daemon.metric('vllmd_engine_load_score{engine="1"}'), 0)
         daemon.post("/abort_requests", json={"request_ids": [f"long-{i}" for i in range(3)]})
         for thread in threads:
             thread.join(10)
-        wait_until(lambda: daemon.metric(running) == 0, 10, message="engine 0 idle")
+        # The engine's last step after the aborts says so: nothing runs or waits any more.
+        wait_until(lambda: (daemon.metric(running), daemon.metric(waiting)) == (0, 0), 10,
+                   message="engine 0 idle")
         self.assertEqual(daemon.metric('vllmd_engine_requests_in_flight{engine="0"}'), 0)
+        self.assertEqual(daemon.metric('vllmd_engine_load_score{engine="0"}'), 0)
 
     def test_an_engine_abort_by_pause_counts_under_cause_engine(self):
         daemon, (engine,) = self.start(engine_flags=["--step-ms", "20"])
