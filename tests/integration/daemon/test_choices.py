@@ -149,6 +149,34 @@ class Fanout(GenerateTestCase):
         for i in range(3):
             self.assertEqual(streamed[i], ref_tokens.tokens(prompt, 12, seed=9 + i))
 
+    def test_streamed_n2_completions_label_each_choice_at_its_end(self):
+        daemon, _ = self.start()
+        prompt = [8, 9]
+        payload = {"prompt": prompt, "max_tokens": 5, "seed": 4, "n": 2, "stream": True,
+                   "return_token_ids": True, "logprobs": 0,
+                   "stream_options": {"include_usage": True}}
+        with daemon.post(COMPLETIONS, json=payload, stream=True) as response:
+            self.assertEqual(response.status_code, 200)
+            events = sse_events(response)
+        self.assertEqual(events[-1], "[DONE]")
+        chunks = [json.loads(event) for event in events[:-1]]
+        usage = chunks.pop()
+        self.assertEqual((usage["choices"], usage["usage"]["completion_tokens"]), ([], 10))
+        streamed, tokens, ends = {0: [], 1: []}, {0: [], 1: []}, {}
+        for chunk in chunks:
+            self.assertEqual(chunk["object"], "text_completion")
+            choice, = chunk["choices"]
+            streamed[choice["index"]] += choice["token_ids"]
+            tokens[choice["index"]] += choice["logprobs"]["tokens"]
+            if choice["finish_reason"] is not None:
+                ends[choice["index"]] = (choice["finish_reason"], choice["weight_versions"])
+            else:
+                self.assertNotIn("weight_versions", choice)
+        for i in range(2):
+            self.assertEqual(streamed[i], ref_tokens.tokens(prompt, 5, seed=4 + i))
+            self.assertEqual(tokens[i], [f"token_id:{t}" for t in streamed[i]])
+            self.assertEqual(ends[i], ("length", [{"version": "default", "first_token": 0}]))
+
     def test_the_n_requests_of_a_prompt_go_to_one_engine(self):
         daemon, engines = self.start(dp=2)
         for round_ in range(3):
@@ -218,8 +246,11 @@ class Fanout(GenerateTestCase):
         choices = response.json()["choices"]
         self.assertEqual([c["finish_reason"] for c in choices], ["abort"] * 3)
         self.assertTrue(all(0 < len(c["token_ids"]) < 2000 for c in choices))
-        aborted_ids = {i for record in records(engine, "ABORT") for i in record["request_ids"]}
-        self.assertEqual(aborted_ids, {add["request_id"] for add in records(engine, "ADD")})
+        # vllmd answers once it sent the ABORT; the engine records it when it reads it.
+        added = {add["request_id"] for add in records(engine, "ADD")}
+        wait_until(lambda: {i for record in records(engine, "ABORT")
+                            for i in record["request_ids"]} == added, 5,
+                   message="the engine's record of the ABORT of all three")
 
     def test_a_client_that_leaves_aborts_every_choice(self):
         daemon, (engine,) = self.start(engine_flags=["--step-ms", "20"])
