@@ -72,7 +72,12 @@ class Completions(GenerateTestCase):
         add, = records(engine, "ADD")
         self.assertEqual(ids, ref_tokens.tokens(prompt, 6, seed=None,
                                                 request_id=add["request_id"]))
-        self.assertEqual(len(choice["logprobs"]["token_logprobs"]), 6)
+        # Its logprobs: one finite value per token, the one its top_logprobs map holds.
+        token_logprobs = choice["logprobs"]["token_logprobs"]
+        self.assertEqual(len(token_logprobs), 6)
+        self.assertTrue(all(math.isfinite(x) and -9999.0 < x <= 0 for x in token_logprobs))
+        self.assertEqual([list(top.values()) for top in choice["logprobs"]["top_logprobs"]],
+                         [[x] for x in token_logprobs])
         self.assertEqual(choice["finish_reason"], "length")
         # No return_token_ids: the fields are there, null, as vLLM's Python server has them.
         self.assertIsNone(choice["token_ids"])
@@ -86,6 +91,8 @@ class Completions(GenerateTestCase):
         # The sampling keys at the top level reach the engine as on /inference/v1/generate.
         self.assertEqual((add["sampling_params"]["temperature"], add["sampling_params"]["top_p"],
                           add["sampling_params"]["max_tokens"]), (0.0, 1.0, 6))
+        # top_k 1e8 goes on as sent, as vLLM's frontend passes it (the sampler caps it).
+        self.assertEqual(add["sampling_params"]["top_k"], 100000000)
 
     def test_streamed_with_usage_token_id_deltas_and_the_prompt_ids_once(self):
         daemon, _ = self.start()

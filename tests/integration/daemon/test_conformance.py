@@ -166,6 +166,7 @@ class Vime(GenerateTestCase):
         self.assertEqual(len(logprobs), len(partial))
         self.assertEqual(partial, ref_tokens.tokens(prompt, len(partial), seed=5))
         self.assertEqual((usage["prompt_tokens"], usage["completion_tokens"]), (3, len(partial)))
+        self.assertIsInstance(usage["prompt_tokens_details"]["cached_tokens"], int)
         # The partial rollout goes on: the whole prefix resent, with what is left of the budget.
         rest = budget - len(partial)
         second = {}

@@ -99,9 +99,12 @@ class WireTest(CtlTestCase):
         self.assert_ok(self.ctl("pause", env={"VLLMCTL_TOKEN": "tok-2"}))
         self.assert_ok(self.ctl("world-size", "--no-dp"))
         self.assert_ok(self.ctl("world-size"))
+        self.assert_ok(self.ctl("pause", "--mode", "abort"))
+        self.assert_ok(self.ctl("pause", "--mode", "wait"))
         self.assertEqual([request["path"] for request in fake.requests],
                          ["/pause?mode=keep&clear_cache=false", "/pause",
-                          "/get_world_size?include_dp=false", "/get_world_size"])
+                          "/get_world_size?include_dp=false", "/get_world_size",
+                          "/pause?mode=abort", "/pause?mode=wait"])
         self.assertEqual(fake.requests[0]["headers"]["Authorization"], "Bearer tok-1")
         self.assertEqual(fake.requests[1]["headers"]["Authorization"], "Bearer tok-2")
         self.assertNotIn("Authorization", fake.requests[2]["headers"])
