@@ -19,7 +19,7 @@ class HelpTest(CtlTestCase):
         for variable in ("VLLMCTL_SERVER", "VLLMCTL_TOKEN", "VLLMCTL_TOKEN_FILE"):
             self.assertIn(variable, result.stdout)
         for command in ("weights", "world-size", "pause", "resume", "status", "health",
-                        "reload", "completion"):
+                        "reload", "completion", "generate"):
             self.assertIn(command, result.stdout)
 
     def test_subcommand_help_exits_0_and_names_routes(self):
@@ -28,6 +28,10 @@ class HelpTest(CtlTestCase):
                      "POST /init_weight_transfer_engine", "GET /weight_info"):
             self.assertIn(text, result.stdout)
         self.assert_ok(self.ctl("weights", "sync", "-h", server=False))
+        result = self.assert_ok(self.ctl("generate", "--help", server=False))
+        for text in ("--tokens", "--input", "--max-tokens", "--temperature", "--top-p", "--top-k",
+                     "--seed", "--logprobs", "--n", "--stream", "POST /inference/v1/generate"):
+            self.assertIn(text, result.stdout)
 
 
 class UsageTest(CtlTestCase):
