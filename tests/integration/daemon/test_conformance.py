@@ -135,6 +135,30 @@ class Vime(GenerateTestCase):
             finish = choice["finish_reason"] or finish
         return tokens, logprobs, finish, usage, version
 
+    def test_plain_rollout_as_generate_sends_it_and_reads_it(self):
+        # vllm_rollout.generate: _build_inference_sampling_params' keys, x-session-id, plain.
+        daemon, (engine,) = self.start()
+        prompt = [61, 62, 63, 64]
+        sampling = {"max_tokens": 9, "temperature": 1.0, "top_p": 1.0, "logprobs": 1,
+                    "top_k": -1, "seed": 3, "skip_special_tokens": True}
+        response = self.generate(daemon, {"model": "default", "token_ids": prompt,
+                                          "sampling_params": sampling},
+                                 headers={"x-session-id": "vime-sample-1"})
+        self.assertEqual(response.status_code, 200, response.text)
+        output = response.json()
+        choice = output["choices"][0]
+        self.assertEqual(choice["token_ids"], ref_tokens.tokens(prompt, 9, seed=3))
+        logprobs = [float(item.get("logprob", 0.0)) for item in choice["logprobs"]["content"]]
+        self.assertEqual(len(logprobs), 9)
+        self.assertTrue(all(math.isfinite(x) and x <= 0 for x in logprobs))
+        self.assertEqual(choice["finish_reason"], "length")  # vime: {"type": "length"}
+        self.assertEqual(str(output["weight_version"]), "default")
+        usage = output["usage"]
+        self.assertEqual((usage["prompt_tokens"], usage["completion_tokens"]), (4, 9))
+        self.assertIsInstance(usage["prompt_tokens_details"]["cached_tokens"], int)
+        self.assertIsNone(choice.get("routed_experts"))  # vime guards on the value
+        self.assertIsNone(choice.get("sampling_mask"))
+
     def test_streaming_rollout_and_its_abort_by_pause_loop_resending_the_prefix(self):
         daemon, (engine,) = self.start(engine_flags=["--step-ms", "20"])
         prompt = [41, 42, 43]
