@@ -13,7 +13,16 @@ from test_generate import GenerateTestCase, records, sse_events
 import ref_tokens
 
 
-class PrimeRl(GenerateTestCase):
+class ClientTestCase(GenerateTestCase):
+    def rollout(self, daemon, prompt, sampling, headers=None):
+        """POST /inference/v1/generate as these clients do (not streamed); the answer, a 200."""
+        response = self.generate(daemon, {"model": "default", "token_ids": prompt,
+                                          "sampling_params": sampling}, headers=headers)
+        self.assertEqual(response.status_code, 200, response.text)  # a 4xx raises in each
+        return response.json()
+
+
+class PrimeRl(ClientTestCase):
     def test_renderer_rollout_with_a_top_k_head_passes_the_strict_check(self):
         daemon, (engine,) = self.start()
         prompt = [151, 152, 153, 154]
@@ -24,11 +33,7 @@ class PrimeRl(GenerateTestCase):
                     "top_k": -1, "min_p": 0.0, "return_token_ids": True, "stop_token_ids": [2],
                     "skip_special_tokens": False, "flat_logprobs": True, "detokenize": False,
                     "seed": 11, "extra_args": {"prl_compact_logprobs": True}}
-        response = self.generate(daemon, {"model": "default", "token_ids": prompt,
-                                          "sampling_params": sampling},
-                                 headers={"X-Session-ID": "episode-3"})
-        self.assertEqual(response.status_code, 200, response.text)
-        answer = response.json()
+        answer = self.rollout(daemon, prompt, sampling, headers={"X-Session-ID": "episode-3"})
         choice = answer["choices"][0]
         ids = choice["token_ids"]
         expected = ref_tokens.tokens(prompt, 8, seed=11)
@@ -61,12 +66,8 @@ class PrimeRl(GenerateTestCase):
         # logprobs 1; it reads each row's first value, which must be the prompt's own token.
         daemon, (engine,) = self.start()
         prompt = [5, 6, 7, 8, 9]
-        response = self.generate(daemon, {"model": "default", "token_ids": prompt,
-                                          "sampling_params": {"max_tokens": 1,
-                                                              "temperature": 1.0, "top_p": 1.0,
-                                                              "prompt_logprobs": 1}})
-        self.assertEqual(response.status_code, 200, response.text)
-        rows = response.json()["prompt_logprobs"]
+        rows = self.rollout(daemon, prompt, {"max_tokens": 1, "temperature": 1.0, "top_p": 1.0,
+                                             "prompt_logprobs": 1})["prompt_logprobs"]
         self.assertEqual(len(rows), len(prompt))
         self.assertIsNone(rows[0])
         for position, row in enumerate(rows[1:], start=1):
@@ -78,7 +79,7 @@ class PrimeRl(GenerateTestCase):
         self.assertEqual(add["sampling_params"]["prompt_logprobs"], 1)
 
 
-class SkyRl(GenerateTestCase):
+class SkyRl(ClientTestCase):
     def test_rollout_as_generate_single_sends_it_and_reads_it(self):
         # RemoteInferenceClient._generate_single: get_vllm_sampling_params' keys (stop left at
         # its default, None), the model, the prompt ids and the session header; not streamed.
@@ -87,11 +88,8 @@ class SkyRl(GenerateTestCase):
         sampling = {"min_tokens": 1, "skip_special_tokens": True,
                     "include_stop_str_in_output": True, "max_tokens": 12, "temperature": 1.0,
                     "top_p": 1.0, "top_k": -1, "min_p": 0.0, "logprobs": 1, "stop": None}
-        response = self.generate(daemon, {"sampling_params": sampling, "model": "default",
-                                          "token_ids": prompt},
-                                 headers={"X-Session-ID": "skyrl-traj-0"})
-        self.assertEqual(response.status_code, 200, response.text)  # a 4xx raises in SkyRL
-        choice = response.json()["choices"][0]
+        choice = self.rollout(daemon, prompt, sampling,
+                              headers={"X-Session-ID": "skyrl-traj-0"})["choices"][0]
         # What it reads: the ids, the finish reason and one logprob per id.
         add, = records(engine, "ADD")
         ids = choice["token_ids"]
@@ -108,7 +106,7 @@ class SkyRl(GenerateTestCase):
         self.assertEqual(add["prompt_token_ids"], prompt)
 
 
-class Vime(GenerateTestCase):
+class Vime(ClientTestCase):
     def stream(self, daemon, payload, into):
         with self.generate(daemon, payload, stream=True, headers={"x-session-id": "s1"}) as r:
             into["status"] = r.status_code
@@ -141,11 +139,7 @@ class Vime(GenerateTestCase):
         prompt = [61, 62, 63, 64]
         sampling = {"max_tokens": 9, "temperature": 1.0, "top_p": 1.0, "logprobs": 1,
                     "top_k": -1, "seed": 3, "skip_special_tokens": True}
-        response = self.generate(daemon, {"model": "default", "token_ids": prompt,
-                                          "sampling_params": sampling},
-                                 headers={"x-session-id": "vime-sample-1"})
-        self.assertEqual(response.status_code, 200, response.text)
-        output = response.json()
+        output = self.rollout(daemon, prompt, sampling, headers={"x-session-id": "vime-sample-1"})
         choice = output["choices"][0]
         self.assertEqual(choice["token_ids"], ref_tokens.tokens(prompt, 9, seed=3))
         logprobs = [float(item.get("logprob", 0.0)) for item in choice["logprobs"]["content"]]
