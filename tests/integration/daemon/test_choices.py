@@ -30,11 +30,12 @@ class Fanout(GenerateTestCase):
     def test_skyrl_tinker_sample_n4_with_prompt_logprobs_on_generate(self):
         daemon, (engine,) = self.start()
         prompt = [31, 32, 33, 34, 35]
-        # remote_inference_client.py sample()'s sampling_params.
+        # remote_inference_client.py sample()'s body (no stop strings: stop is None).
         sampling = {"n": 4, "logprobs": 0, "output_kind": 2, "prompt_logprobs": 1,
                     "temperature": 1.0, "max_tokens": 5, "seed": 40, "top_k": -1, "top_p": 1.0,
-                    "stop_token_ids": []}
-        response = self.generate(daemon, {"token_ids": prompt, "sampling_params": sampling},
+                    "stop": None, "stop_token_ids": []}
+        response = self.generate(daemon, {"model": "default", "token_ids": prompt,
+                                          "sampling_params": sampling},
                                  headers={"X-Request-Id": "tinker-1"})
         self.assertEqual(response.status_code, 200, response.text)
         answer = response.json()

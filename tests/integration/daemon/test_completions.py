@@ -22,18 +22,20 @@ class Completions(GenerateTestCase):
     def test_trl_async_grpo_reads_token_ids_and_token_logprobs(self):
         daemon, (engine,) = self.start()
         prompt = [11, 12, 13, 14]
-        # async_rollout_worker.py _generate_one_turn's body, with a seed to predict the tokens.
+        # async_rollout_worker.py _generate_one_turn's body, exactly, and no headers.
         response = self.complete(daemon, {"model": "default", "prompt": prompt, "max_tokens": 7,
                                           "temperature": 1.0, "n": 1, "return_token_ids": True,
-                                          "logprobs": 0, "seed": 5},
-                                 headers={"X-Request-Id": "trl-1"})
+                                          "logprobs": 0})
         self.assertEqual(response.status_code, 200, response.text)
         answer = response.json()
-        self.assertEqual((answer["id"], answer["object"], answer["model"]),
-                         ("cmpl-trl-1", "text_completion", "default"))
+        self.assertRegex(answer["id"], r"^cmpl-[0-9a-f]{32}$")
+        self.assertEqual((answer["object"], answer["model"]), ("text_completion", "default"))
         self.assertIsInstance(answer["created"], int)
         choice, = answer["choices"]
-        self.assertEqual(choice["token_ids"], ref_tokens.tokens(prompt, 7, seed=5))
+        add, = records(engine, "ADD")
+        # No seed: the engine's tokens follow from the id vllmd gave the request.
+        self.assertEqual(choice["token_ids"],
+                         ref_tokens.tokens(prompt, 7, None, request_id=add["request_id"]))
         self.assertEqual(choice["prompt_token_ids"], prompt)
         logprobs = choice["logprobs"]["token_logprobs"]
         self.assertEqual(len(logprobs), 7)
@@ -51,9 +53,8 @@ class Completions(GenerateTestCase):
         self.assertEqual(answer["usage"]["prompt_tokens"], 4)
         self.assertEqual(answer["usage"]["completion_tokens"], 7)
         self.assertEqual(answer["usage"]["total_tokens"], 11)
-        add, = records(engine, "ADD")
-        self.assertEqual(add["external_req_id"], "cmpl-trl-1-0")
-        self.assertTrue(add["request_id"].startswith("cmpl-trl-1-0-"), add)
+        self.assertEqual(add["external_req_id"], answer["id"] + "-0")
+        self.assertTrue(add["request_id"].startswith(answer["id"] + "-0-"), add)
         self.assertEqual(add["prompt_token_ids"], prompt)
 
     def test_areal_parses_ids_from_the_logprobs_tokens(self):
