@@ -125,7 +125,8 @@ void Scheduler::set_fingerprint(std::uint64_t fingerprint) {
 }
 
 bool Scheduler::has_work() const {
-  if (!endings_.empty() || !client_aborted_.empty() || stats_pending_) return true;
+  // stats_pending_ also covers client_aborted_: both come from a client's ABORT.
+  if (!endings_.empty() || stats_pending_) return true;
   if (state_ == State::kPausedAll) return false;
   return !running_.empty() || (state_ == State::kRunning && !waiting_.empty());
 }
